@@ -1,0 +1,91 @@
+"""The abstract `Structure`: a layer that is a sum over interchangeable units."""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .._checks import check_shape, finite
+
+
+class Structure(eqx.Module):
+    r"""A layer whose units are interchangeable, and its structure matrix.
+
+    Near small weights every such layer is, to leading order, the quadratic form
+
+    $$f_j(x; W) - f_j(x; 0) = \mathrm{Tr}[W W^\top A_j(x)] + O(|W|^3),
+    \qquad A(x) = \tfrac12 \mathrm{Hess}_w \phi(0, x),$$
+
+    with `W` of shape `(p, m)` holding one unit per column (THEORY.md section 1).
+
+    Concrete structures implement `_A`, `_unit` and `_layer` for one input; the
+    public `A`, `unit` and `layer` check shapes and values first.
+
+    **Attributes:**
+
+    - `p`: parameters per unit.
+    - `k`: number of outputs.
+    - `input_shape`: the shape of one input `x`.
+    - `additive`: whether `layer(W, x) - layer(0, x)` is exactly the sum of
+      `unit` over the columns of `W` (false for the softmax cases, where it
+      holds to leading order).
+    """
+
+    k: eqx.AbstractVar[int]
+
+    @property
+    @abc.abstractmethod
+    def p(self) -> int:
+        """Parameters per unit."""
+
+    @property
+    @abc.abstractmethod
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input."""
+
+    @property
+    @abc.abstractmethod
+    def additive(self) -> bool:
+        """Whether the layer is exactly the sum of its units plus its value at 0."""
+
+    @abc.abstractmethod
+    def _A(self, x) -> Float[Array, "k p p"]: ...
+
+    @abc.abstractmethod
+    def _unit(self, w, x) -> Float[Array, " k"]: ...
+
+    @abc.abstractmethod
+    def _layer(self, W, x) -> Float[Array, " k"]: ...
+
+    def _check_x(self, x):
+        check_shape("x", x, self.input_shape)
+        return finite("x", jnp.asarray(x))
+
+    def A(self, x) -> Float[Array, "k p p"]:
+        """The structure matrices of one input, shape `(k, p, p)`, symmetric.
+
+        **Arguments:**
+
+        - `x`: one input, shape `input_shape`.
+        """
+        return self._A(self._check_x(x))
+
+    def unit(self, w, x) -> Float[Array, " k"]:
+        """The layer with only the unit `w` (shape `(p,)`) switched on, minus the
+        layer at zero, at one input `x`. Shape `(k,)`."""
+        x = self._check_x(x)
+        check_shape("w", w, (self.p,))
+        return self._unit(finite("w", jnp.asarray(w)), x)
+
+    def layer(self, W, x) -> Float[Array, " k"]:
+        """The real nonlinear layer with units as the columns of `W` (shape
+        `(p, m)`), at one input `x`. Shape `(k,)`."""
+        x = self._check_x(x)
+        W = jnp.asarray(W)
+        if W.ndim != 2 or W.shape[0] != self.p:
+            raise ValueError(
+                f"`W` must have shape (p, m) = ({self.p}, m) with units as columns, "
+                f"got {W.shape}."
+            )
+        return self._layer(finite("W", W), x)

@@ -1,0 +1,91 @@
+"""Two-layer perceptron: `f(x) = sum_i a_i sigma(u_i . x)` with k outputs."""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .base import Structure
+
+
+def _slope_at_zero(activation: Callable) -> float:
+    """`sigma'(0)`, after checking `sigma(0) = 0`."""
+    value = float(activation(jnp.zeros((), jnp.float32)))
+    if not np.isfinite(value) or abs(value) > 1e-7:
+        raise ValueError(
+            "`activation` must satisfy sigma(0) = 0 (the unit's output a*sigma(u.x) "
+            f"then has no first-order term at zero); got sigma(0) = {value:.3g}. "
+            "Use a centred activation such as tanh, or sigma(z) - sigma(0)."
+        )
+    slope = float(jax.grad(activation)(jnp.zeros((), jnp.float32)))
+    if not np.isfinite(slope) or slope == 0.0:
+        raise ValueError(
+            "`activation` must have a finite nonzero slope sigma'(0); got "
+            f"{slope:.3g}. With sigma'(0) = 0 the quadratic form vanishes and the "
+            "leading order is cubic, outside this theory."
+        )
+    return slope
+
+
+class Perceptron(Structure):
+    r"""Two-layer perceptron with `k` outputs and `d` inputs.
+
+    Unit `i` is `w_i = (a_i, u_i)` with readout `a_i \in R^k` first, so `p = k + d`,
+    and the layer is `f(x) = \sum_i a_i \sigma(u_i \cdot x)`. With `c = \sigma'(0)`,
+
+    $$A_j(x) = \tfrac{c}{2}(e_j x^\top + x e_j^\top)$$
+
+    in the `(k + d)` block layout (THEORY.md section 1).
+
+    **Arguments:**
+
+    - `d`: input dimension (default 4).
+    - `k`: number of outputs (default 2).
+    - `activation`: elementwise `sigma` with `sigma(0) = 0` and `sigma'(0) != 0`
+      (default `jnp.tanh`); anything else raises `ValueError`.
+    """
+
+    d: int = eqx.field(static=True, default=4)
+    k: int = eqx.field(static=True, default=2)
+    activation: Callable = eqx.field(static=True, default=jnp.tanh)
+
+    def __check_init__(self):
+        if self.d < 1 or self.k < 1:
+            raise ValueError(f"`d` and `k` must be >= 1, got d={self.d}, k={self.k}.")
+        _slope_at_zero(self.activation)
+
+    @property
+    def slope(self) -> float:
+        """`c = sigma'(0)`."""
+        return _slope_at_zero(self.activation)
+
+    @property
+    def p(self) -> int:
+        return self.k + self.d
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.d,)
+
+    @property
+    def additive(self) -> bool:
+        return True
+
+    def _A(self, x):
+        k, d = self.k, self.d
+        off = jnp.zeros((k, k, d), x.dtype).at[jnp.arange(k), jnp.arange(k)].set(
+            0.5 * self.slope * x
+        )
+        top = jnp.concatenate([jnp.zeros((k, k, k), x.dtype), off], axis=2)
+        bottom = jnp.concatenate(
+            [jnp.swapaxes(off, 1, 2), jnp.zeros((k, d, d), x.dtype)], axis=2
+        )
+        return jnp.concatenate([top, bottom], axis=1)
+
+    def _unit(self, w, x):
+        return w[: self.k] * self.activation(jnp.dot(w[self.k :], x))
+
+    def _layer(self, W, x):
+        return W[: self.k] @ self.activation(W[self.k :].T @ x)
