@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._checks import finite
 from .structures.base import Structure
 
 
@@ -19,11 +20,20 @@ def nqf_apply(structure: Structure, W: Float[Array, "p m"], x) -> Float[Array, "
     - `x`: one input, shape `structure.input_shape`.
 
     **Returns:** shape `(k,)`.
+
+    **Raises:** `ValueError` if `structure` is not a `Structure`, if `W` is not
+    `(p, m)` or `x` not `structure.input_shape`, or (also under `jit`, via
+    `eqx.error_if`) if `W` or `x` contains NaN or inf.
     """
+    if not isinstance(structure, Structure):
+        raise ValueError(
+            f"`structure` must be an nqfjax.Structure, got {type(structure).__name__}."
+        )
     W = jnp.asarray(W)
     if W.ndim != 2 or W.shape[0] != structure.p:
         raise ValueError(
             f"`W` must have shape (p, m) = ({structure.p}, m), got {W.shape}."
         )
+    W = finite("W", W)
     A = structure.A(x)
     return jnp.einsum("im,kij,jm->k", W, A, W)

@@ -1,5 +1,8 @@
 """Shared test helpers."""
 
+import functools
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,9 +25,70 @@ def random_input(structure: nqfjax.Structure, key, dtype=jnp.float64):
 
 
 def all_structures():
-    """A small instance of every structure (the list tests parametrise over)."""
-    return [
+    """A small instance of every structure and variant (the list tests parametrise
+    over). Pair with `ids=structure_id`."""
+    return list(_all_structures())
+
+
+@functools.cache
+def _all_structures():
+    return (
         nqfjax.Perceptron(d=3, k=2),
         nqfjax.Perceptron(d=3, k=1, activation=jnp.sin),
         nqfjax.QuadraticNet(d=4),
-    ]
+        nqfjax.QKAttention(T=4, d=3, k=2, softmax=False),
+        nqfjax.QKAttention(T=4, d=3, k=2, softmax=True, temperature=2.0, query=1),
+        nqfjax.OVAttention(T=4, d=3, k=2),
+        nqfjax.OVAttention(T=4, d=3, k=1, learn_qk=True),
+        nqfjax.MixtureOfExperts(d=3, k=2, experts=3),
+        nqfjax.MixtureOfExperts(d=3, experts=3, gate="factor"),
+        nqfjax.Conv1D(length=7, kernel_size=3, stride=2, activation=jax.nn.silu),
+        nqfjax.Conv1D(length=6, kernel_size=2, pool=True),
+    )
+
+
+def structure_id(structure) -> str:
+    """A short readable test id for a structure instance."""
+    name = type(structure).__name__
+    extra = []
+    for flag in ("softmax", "learn_qk", "pool"):
+        if getattr(structure, flag, False):
+            extra.append(flag)
+    gate = getattr(structure, "gate", None)
+    if gate is not None:
+        extra.append(gate)
+    act = getattr(structure, "activation", None)
+    if act is not None and act is not jnp.tanh:
+        extra.append(getattr(act, "__name__", "act"))
+    return "-".join([name, *extra])
+
+
+def n_units(structure, default: int = 3) -> int:
+    """A number of units (default 3) the real layer accepts (`max_units` caps it)."""
+    cap = structure.max_units
+    return default if cap is None else min(default, cap)
+
+
+# Compiled entry points shared by every test module: `eqx.filter_jit` caches on the
+# structure's static configuration and the shapes, so each structure compiles once
+# per dtype however many tests call it.
+
+
+@eqx.filter_jit
+def jit_A(structure, x):
+    return structure.A(x)
+
+
+@eqx.filter_jit
+def jit_layer(structure, W, x):
+    return structure.layer(W, x)
+
+
+@eqx.filter_jit
+def jit_unit(structure, w, x):
+    return structure.unit(w, x)
+
+
+@eqx.filter_jit
+def jit_nqf(structure, W, x):
+    return nqfjax.nqf_apply(structure, W, x)

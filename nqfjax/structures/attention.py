@@ -1,8 +1,274 @@
-"""Placeholder: being written (see the open issues)."""
+"""Attention: the query-key circuit and the value-output circuit of softmax heads."""
 
-def OVAttention(*args, **kwargs):  # placeholder
-    raise NotImplementedError("OVAttention is not written yet")
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
 
-def QKAttention(*args, **kwargs):  # placeholder
-    raise NotImplementedError("QKAttention is not written yet")
+from .._checks import is_concrete
+from .base import Structure
 
+
+def _default_values(T: int, k: int) -> Float[Array, "T k"]:
+    """Fixed, deterministic, non-degenerate default values `sin(1 + b(j+1))`."""
+    b = np.arange(T)[:, None]
+    j = np.arange(k)[None, :]
+    return jnp.asarray(np.sin(1.0 + b * (j + 1.0)))
+
+
+def _check_query(query: int, T: int) -> None:
+    if not isinstance(query, int | np.integer) or not -T <= query < T:
+        raise ValueError(
+            f"`query` must be an integer token index in [-T, T) = [{-T}, {T}), "
+            f"got {query!r}."
+        )
+
+
+def _check_temperature(temperature) -> None:
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"`temperature` must be finite and strictly positive, got {temperature!r}."
+        )
+
+
+def _pair_block(left, right, dtype, p: int, offset: int = 0):
+    r"""The `(p, p)` matrix $\tfrac12 [[0, l r^\top], [r l^\top, 0]]$ placed with the
+    `l` block at `offset` and the `r` block right after it (zero elsewhere)."""
+    n_l, n_r = left.shape[0], right.shape[0]
+    half = 0.5 * jnp.outer(left, right).astype(dtype)
+    out = jnp.zeros((p, p), dtype)
+    out = out.at[offset : offset + n_l, offset + n_l : offset + n_l + n_r].set(half)
+    return out.at[offset + n_l : offset + n_l + n_r, offset : offset + n_l].set(half.T)
+
+
+class QKAttention(Structure):
+    r"""The query-key circuit of one attention head, with fixed values.
+
+    Input: tokens `x` of shape `(T, d)`. The output at the query token `a` is
+
+    $$f_j(x; W) = \sum_b \alpha_b(x; W)\, v_{bj},\qquad
+    s_b = x_a^\top W_Q W_K^\top x_b / \tau,$$
+
+    with $\alpha_b = \mathrm{softmax}_b(s)$ (`softmax=True`) or $\alpha_b = s_b$
+    (linear attention, `softmax=False`), `v` the fixed values (shape `(T, k)`) and
+    `tau` the temperature. A unit is one inner dimension of $W_Q W_K^\top$,
+    $w_i = (q_i, k_i)$ (query block first), so `p = 2d` and
+
+    $$A_j(x) = \frac{1}{2\tau}\begin{pmatrix} 0 & x_a z_j^\top \\
+    z_j x_a^\top & 0\end{pmatrix},\qquad
+    z_j = \begin{cases}\sum_b v_{bj} x_b & \text{linear,}\\
+    \frac1T \sum_b (v_{bj} - \bar v_j) x_b & \text{softmax,}\end{cases}$$
+
+    because the softmax linearises to $1/T + (s_b - \bar s)/T$ (THEORY.md
+    section 1). Linear attention is exact and additive. Softmax attention is not
+    additive (the units add inside the softmax) and its value at zero is the mean
+    value $\bar v$, an offset of the target; the quadratic form holds to
+    $O(|W|^4)$ since the logits are themselves quadratic in `W`.
+
+    **Arguments:**
+
+    - `T`: number of tokens (default: `values.shape[0]`, or 4).
+    - `d`: token dimension (default 3).
+    - `k`: number of outputs (default: `values.shape[1]`, or 1).
+    - `values`: the fixed values `v`, shape `(T, k)`; a 1-D array of shape `(T,)`
+      means `k = 1`. Default: the deterministic $v_{bj} = \sin(1 + b(j+1))$.
+    - `query`: index `a` of the query token (default -1, the last token).
+    - `softmax`: softmax attention (default) or linear attention.
+    - `temperature`: `tau > 0` (default 1).
+
+    **Raises:** `ValueError` for inconsistent sizes, a query index out of range,
+    non-finite values or a non-positive temperature.
+    """
+
+    values: Float[Array, "T k"]
+    d: int = eqx.field(static=True)
+    query: int = eqx.field(static=True)
+    softmax: bool = eqx.field(static=True)
+    temperature: float = eqx.field(static=True)
+
+    def __init__(
+        self,
+        *,
+        T: int | None = None,
+        d: int = 3,
+        k: int | None = None,
+        values=None,
+        query: int = -1,
+        softmax: bool = True,
+        temperature: float = 1.0,
+    ):
+        if values is None:
+            values = _default_values(4 if T is None else T, 1 if k is None else k)
+        values = jnp.asarray(values)
+        if values.ndim == 1:
+            values = values[:, None]
+        if values.ndim != 2:
+            raise ValueError(
+                f"`values` must have shape (T, k) or (T,), got {values.shape}."
+            )
+        if T is not None and values.shape[0] != T:
+            raise ValueError(
+                f"`values` must have shape (T, k) = ({T}, k), got {values.shape}."
+            )
+        if k is not None and values.shape[1] != k:
+            raise ValueError(
+                f"`values` must have shape (T, k) = (T, {k}), got {values.shape}."
+            )
+        if not jnp.issubdtype(values.dtype, jnp.floating):
+            values = values.astype(float)
+        self.values = values
+        self.d = d
+        self.query = query
+        self.softmax = bool(softmax)
+        self.temperature = float(temperature)
+
+    def __check_init__(self):
+        if self.d < 1 or self.T < 1:
+            raise ValueError(f"`d` and `T` must be >= 1, got d={self.d}, T={self.T}.")
+        _check_query(self.query, self.T)
+        _check_temperature(self.temperature)
+        if is_concrete(self.values) and not np.all(np.isfinite(self.values)):
+            raise ValueError("`values` contains NaN or inf.")
+
+    @property
+    def T(self) -> int:
+        """Number of tokens."""
+        return self.values.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.values.shape[1]
+
+    @property
+    def p(self) -> int:
+        return 2 * self.d
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.T, self.d)
+
+    @property
+    def additive(self) -> bool:
+        return not self.softmax
+
+    def _z(self, x):
+        v = self.values.astype(x.dtype)
+        if self.softmax:
+            return (v - jnp.mean(v, axis=0, keepdims=True)).T @ x / self.T
+        return v.T @ x
+
+    def _A(self, x):
+        xa = x[self.query]
+        z = self._z(x) / self.temperature
+        return jax.vmap(lambda zj: _pair_block(xa, zj, x.dtype, self.p))(z)
+
+    def _logits(self, W, x):
+        d = self.d
+        Q, K = W[:d], W[d:]
+        return (x @ K) @ (Q.T @ x[self.query]) / self.temperature
+
+    def _mix(self, s, x):
+        v = self.values.astype(x.dtype)
+        if self.softmax:
+            return jax.nn.softmax(s) @ v
+        return s @ v
+
+    def _layer(self, W, x):
+        return self._mix(self._logits(W, x), x)
+
+    def _unit(self, w, x):
+        out = self._layer(w[:, None], x)
+        if self.softmax:
+            out = out - jnp.mean(self.values.astype(x.dtype), axis=0)
+        return out
+
+
+class OVAttention(Structure):
+    r"""The value-output circuit of `m` softmax attention heads (one head per unit).
+
+    Input: tokens `x` of shape `(T, d)`. Head `h` has value vector $v_h \in R^d$
+    and output vector $o_h \in R^k$; the layer at the query token `a` is
+
+    $$f(x; W) = \sum_h o_h\, v_h^\top \sum_b \alpha^h_b\, x_b .$$
+
+    How the query-key part is held (the choice this class makes):
+
+    - `learn_qk=False` (default, the convention of THEORY.md section 1): the
+      query-key weights are zero, the attention is exactly uniform,
+      $\alpha^h_b = 1/T$, and the unit is $w_h = (o_h, v_h)$, `p = k + d`.
+    - `learn_qk=True`: each head also carries a rank-one query-key circuit
+      $(q_h, k_h)$ trained with it, $\alpha^h = \mathrm{softmax}_b((x_a\cdot
+      q_h)(k_h \cdot x_b)/\tau)$, and the unit is $w_h = (o_h, v_h, q_h, k_h)$,
+      `p = k + 3d`. At small weights the logits are $O(|w|^2)$, so the softmax is
+      uniform at leading order and the query-key block of `A` is zero: the
+      query-key circuit enters only at fourth order (the OV circuit is learned
+      first).
+
+    In both cases, with $\bar x = \frac1T\sum_b x_b$ the mean token,
+
+    $$A_j(x) = \tfrac12\begin{pmatrix} 0 & e_j \bar x^\top \\
+    \bar x e_j^\top & 0\end{pmatrix}$$
+
+    on the `(o, v)` block (zero elsewhere). The layer is exactly additive: each
+    head normalises its own softmax, which sees only that head's weights, so heads
+    never couple. It is exactly quadratic for `learn_qk=False` and quadratic up to
+    $O(|W|^4)$ for `learn_qk=True`.
+
+    **Arguments:**
+
+    - `T`: number of tokens (default 4).
+    - `d`: token dimension (default 3).
+    - `k`: number of outputs (default 1).
+    - `query`: index `a` of the query token (default -1, the last token); used
+      only when `learn_qk=True`.
+    - `learn_qk`: whether each head carries its own trainable query-key circuit.
+    - `temperature`: `tau > 0` of the softmax (default 1).
+    """
+
+    T: int = eqx.field(static=True, default=4)
+    d: int = eqx.field(static=True, default=3)
+    k: int = eqx.field(static=True, default=1)
+    query: int = eqx.field(static=True, default=-1)
+    learn_qk: bool = eqx.field(static=True, default=False)
+    temperature: float = eqx.field(static=True, default=1.0)
+
+    def __check_init__(self):
+        if self.T < 1 or self.d < 1 or self.k < 1:
+            raise ValueError(
+                f"`T`, `d` and `k` must be >= 1, got T={self.T}, d={self.d}, "
+                f"k={self.k}."
+            )
+        _check_query(self.query, self.T)
+        _check_temperature(self.temperature)
+
+    @property
+    def p(self) -> int:
+        return self.k + (3 if self.learn_qk else 1) * self.d
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.T, self.d)
+
+    @property
+    def additive(self) -> bool:
+        return True
+
+    def _A(self, x):
+        xbar = jnp.mean(x, axis=0)
+        eye = jnp.eye(self.k, dtype=x.dtype)
+        return jax.vmap(lambda e: _pair_block(e, xbar, x.dtype, self.p))(eye)
+
+    def _layer(self, W, x):
+        k, d = self.k, self.d
+        Out, V = W[:k], W[k : k + d]
+        if self.learn_qk:
+            Q, K = W[k + d : k + 2 * d], W[k + 2 * d :]
+            logits = (x @ K) * (x[self.query] @ Q)[None, :] / self.temperature
+            mixed = jax.nn.softmax(logits, axis=0).T @ x  # (m, d), one row per head
+        else:
+            mixed = jnp.broadcast_to(jnp.mean(x, axis=0), (W.shape[1], d))
+        return Out @ jnp.sum(V.T * mixed, axis=1)
+
+    def _unit(self, w, x):
+        return self._layer(w[:, None], x)

@@ -30,6 +30,9 @@ class Structure(eqx.Module):
     - `additive`: whether `layer(W, x) - layer(0, x)` is exactly the sum of
       `unit` over the columns of `W` (false for the softmax cases, where it
       holds to leading order).
+    - `max_units`: the most units (columns of `W`) the real layer holds, or
+      `None` when any number will do (a mixture of experts has a fixed number of
+      experts; the quadratic form itself takes any `m`).
     """
 
     k: eqx.AbstractVar[int]
@@ -48,6 +51,11 @@ class Structure(eqx.Module):
     @abc.abstractmethod
     def additive(self) -> bool:
         """Whether the layer is exactly the sum of its units plus its value at 0."""
+
+    @property
+    def max_units(self) -> int | None:
+        """The most units `layer` accepts (`None`: unbounded)."""
+        return None
 
     @abc.abstractmethod
     def _A(self, x) -> Float[Array, "k p p"]: ...
@@ -87,5 +95,10 @@ class Structure(eqx.Module):
             raise ValueError(
                 f"`W` must have shape (p, m) = ({self.p}, m) with units as columns, "
                 f"got {W.shape}."
+            )
+        if self.max_units is not None and W.shape[1] > self.max_units:
+            raise ValueError(
+                f"`W` must have at most {self.max_units} columns (units) for this "
+                f"layer, got shape {W.shape}."
             )
         return self._layer(finite("W", W), x)

@@ -1,5 +1,115 @@
-"""Placeholder: being written (see the open issues)."""
+"""One-dimensional convolution with channels as units."""
 
-def Conv1D(*args, **kwargs):  # placeholder
-    raise NotImplementedError("Conv1D is not written yet")
+from collections.abc import Callable
 
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from .base import Structure
+from .perceptron import _slope_at_zero
+
+
+class Conv1D(Structure):
+    r"""A 1-D convolution of a single-channel signal, one output channel per unit.
+
+    Input `x` of shape `(length,)`. With kernel size `s` and stride `t` there are
+    `P = (length - s) // t + 1` patches $x_\pi = (x_{\pi t}, \ldots, x_{\pi t+s-1})$,
+    stacked as the rows of the `P x s` patch matrix `X`. Channel `c` has kernel
+    $k_c \in R^s$ and a readout, and the (single) output is
+
+    $$f(x) = \sum_c \sum_\pi a_{c,\pi}\, \sigma(k_c \cdot x_\pi)$$
+
+    (readout per position, unit $w_c = (a_c, k_c)$, `p = P + s`), or with global
+    average pooling ($f(x) = \sum_c a_c \frac1P\sum_\pi \sigma(k_c\cdot x_\pi)$,
+    unit $(a_c, k_c)$, `p = 1 + s`). With `c = sigma'(0)`,
+
+    $$A(x) = \frac{c}{2}\begin{pmatrix} 0 & X \\ X^\top & 0\end{pmatrix},$$
+
+    where with pooling `X` collapses to the mean patch (a `1 x s` row). Exactly
+    additive; quadratic up to $O(|W|^3)$ ($O(|W|^4)$ for odd `sigma`).
+
+    **Arguments:**
+
+    - `length`: signal length (default 8).
+    - `kernel_size`: `s` (default 3).
+    - `stride`: `t` (default 1).
+    - `pool`: global average pooling over positions (default `False`).
+    - `activation`: `sigma` with `sigma(0) = 0` and `sigma'(0) != 0` (default
+      `jnp.tanh`).
+    """
+
+    length: int = eqx.field(static=True, default=8)
+    kernel_size: int = eqx.field(static=True, default=3)
+    stride: int = eqx.field(static=True, default=1)
+    pool: bool = eqx.field(static=True, default=False)
+    activation: Callable = eqx.field(static=True, default=jnp.tanh)
+
+    def __check_init__(self):
+        if self.kernel_size < 1 or self.stride < 1:
+            raise ValueError(
+                f"`kernel_size` and `stride` must be >= 1, got "
+                f"kernel_size={self.kernel_size}, stride={self.stride}."
+            )
+        if self.length < self.kernel_size:
+            raise ValueError(
+                f"`length` must be >= `kernel_size` = {self.kernel_size}, got "
+                f"{self.length}."
+            )
+        _slope_at_zero(self.activation)
+
+    @property
+    def k(self) -> int:
+        return 1
+
+    @property
+    def slope(self) -> float:
+        """`c = sigma'(0)`."""
+        return _slope_at_zero(self.activation)
+
+    @property
+    def positions(self) -> int:
+        """The number of patches `P`."""
+        return (self.length - self.kernel_size) // self.stride + 1
+
+    @property
+    def p(self) -> int:
+        return (1 if self.pool else self.positions) + self.kernel_size
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.length,)
+
+    @property
+    def additive(self) -> bool:
+        return True
+
+    def patches(self, x):
+        """The `P x s` patch matrix `X` of one input `x` (shape `(length,)`)."""
+        idx = (
+            self.stride * np.arange(self.positions)[:, None]
+            + np.arange(self.kernel_size)[None, :]
+        )
+        return x[idx]
+
+    def _A(self, x):
+        X = self.patches(x)
+        if self.pool:
+            X = jnp.mean(X, axis=0, keepdims=True)
+        X = 0.5 * self.slope * X
+        n = X.shape[0]
+        top = jnp.concatenate([jnp.zeros((n, n), x.dtype), X], axis=1)
+        s = self.kernel_size
+        bottom = jnp.concatenate([X.T, jnp.zeros((s, s), x.dtype)], axis=1)
+        return jnp.concatenate([top, bottom], axis=0)[None]
+
+    def _layer(self, W, x):
+        s = self.kernel_size
+        readout, kernels = W[:-s], W[-s:]
+        hidden = self.activation(self.patches(x) @ kernels)  # (P, m)
+        if self.pool:
+            return jnp.sum(readout[0] * jnp.mean(hidden, axis=0))[None]
+        return jnp.sum(readout * hidden)[None]
+
+    def _unit(self, w, x):
+        return self._layer(w[:, None], x)

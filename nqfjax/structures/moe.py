@@ -1,5 +1,125 @@
-"""Placeholder: being written (see the open issues)."""
+"""Mixture of experts: a softmax router, or a gate that is itself a weight factor."""
 
-def MixtureOfExperts(*args, **kwargs):  # placeholder
-    raise NotImplementedError("MixtureOfExperts is not written yet")
+from collections.abc import Callable
+from typing import Literal
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .base import Structure
+from .perceptron import _slope_at_zero
+
+
+class MixtureOfExperts(Structure):
+    r"""A mixture of `experts` experts, one expert (with its router row) per unit.
+
+    Input `x \in R^d`; each expert is a perceptron neuron $\sigma(u_e \cdot x)$
+    with `sigma(0) = 0`, `c = sigma'(0)` (`activation=lambda z: z` gives the
+    linear expert $u_e \cdot x$).
+
+    `gate="softmax"` (default): $f(x) = \sum_e g_e(x)\, a_e\, \sigma(u_e\cdot x)$
+    with $g = \mathrm{softmax}(R x)$ over the `experts` router rows $r_e$ and
+    readouts $a_e \in R^k$. Unit $w_e = (r_e, a_e, u_e)$, `p = d + k + d`. Since
+    $g_e = 1/E + O(r)$, the router enters at third order and
+
+    $$A_j(x) = \frac{c}{2E}\begin{pmatrix} 0 & 0 & 0 \\ 0 & 0 & e_j x^\top \\
+    0 & x e_j^\top & 0\end{pmatrix}$$
+
+    ($1/E$ times the perceptron's `A` on the expert block, zero on the router
+    block). Not additive: the softmax couples the experts at third order (the
+    Hessian at zero is still block-diagonal over units).
+
+    `gate="factor"`: the gate is a weight factor, $g_e = r_e \cdot x$, and
+    $f(x) = \sum_e (r_e \cdot x)\, \sigma(u_e \cdot x)$ with one output (the
+    gate plays the readout's role). Unit $w_e = (r_e, u_e)$, `p = 2d`,
+
+    $$A(x) = \frac{c}{2}\begin{pmatrix} 0 & x x^\top \\ x x^\top & 0\end{pmatrix},$$
+
+    exactly additive (THEORY.md section 1).
+
+    The layer holds at most `experts` units (`max_units`); a `W` with fewer
+    columns leaves the remaining experts switched off (zero weights: router logit
+    0, output 0), which is how `unit` is defined.
+
+    **Arguments:**
+
+    - `d`: input dimension (default 3).
+    - `k`: number of outputs (default 1; must be 1 for `gate="factor"`).
+    - `experts`: the number of experts `E` (default 4).
+    - `gate`: `"softmax"` or `"factor"`.
+    - `activation`: the experts' `sigma`, with `sigma(0) = 0` and
+      `sigma'(0) != 0` (default `jnp.tanh`).
+    """
+
+    d: int = eqx.field(static=True, default=3)
+    k: int = eqx.field(static=True, default=1)
+    experts: int = eqx.field(static=True, default=4)
+    gate: Literal["softmax", "factor"] = eqx.field(static=True, default="softmax")
+    activation: Callable = eqx.field(static=True, default=jnp.tanh)
+
+    def __check_init__(self):
+        if self.d < 1 or self.k < 1 or self.experts < 1:
+            raise ValueError(
+                f"`d`, `k` and `experts` must be >= 1, got d={self.d}, k={self.k}, "
+                f"experts={self.experts}."
+            )
+        if self.gate not in ("softmax", "factor"):
+            raise ValueError(
+                f'`gate` must be "softmax" or "factor", got {self.gate!r}.'
+            )
+        if self.gate == "factor" and self.k != 1:
+            raise ValueError(
+                f'`k` must be 1 with gate="factor" (the gate is the readout), got '
+                f"k={self.k}."
+            )
+        _slope_at_zero(self.activation)
+
+    @property
+    def slope(self) -> float:
+        """`c = sigma'(0)`."""
+        return _slope_at_zero(self.activation)
+
+    @property
+    def p(self) -> int:
+        return 2 * self.d + (self.k if self.gate == "softmax" else 0)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.d,)
+
+    @property
+    def additive(self) -> bool:
+        return self.gate == "factor"
+
+    @property
+    def max_units(self) -> int:
+        return self.experts
+
+    def _A(self, x):
+        d, k, p = self.d, self.k, self.p
+        if self.gate == "factor":
+            xx = 0.5 * self.slope * jnp.outer(x, x)
+            zero = jnp.zeros((d, d), x.dtype)
+            return jnp.block([[zero, xx], [xx, zero]])[None]
+        half = 0.5 * self.slope / self.experts * x
+
+        def one(j):
+            out = jnp.zeros((p, p), x.dtype)
+            out = out.at[d + j, d + k :].set(half)
+            return out.at[d + k :, d + j].set(half)
+
+        return jax.vmap(one)(jnp.arange(k))
+
+    def _layer(self, W, x):
+        d, k, m = self.d, self.k, W.shape[1]
+        gate_logits = W[:d].T @ x
+        hidden = self.activation(W[-d:].T @ x)
+        if self.gate == "factor":
+            return jnp.sum(gate_logits * hidden)[None]
+        padded = jnp.concatenate([gate_logits, jnp.zeros(self.experts - m, x.dtype)])
+        g = jax.nn.softmax(padded)[:m]
+        return W[d : d + k] @ (g * hidden)
+
+    def _unit(self, w, x):
+        return self._layer(w[:, None], x)

@@ -11,7 +11,16 @@ from .base import Structure
 
 
 def _slope_at_zero(activation: Callable) -> float:
-    """`sigma'(0)`, after checking `sigma(0) = 0`."""
+    """`sigma'(0)`, after checking `sigma(0) = 0`.
+
+    Evaluated eagerly even while tracing (`ensure_compile_time_eval`), so that it
+    may be called from inside `jit`.
+    """
+    with jax.ensure_compile_time_eval():
+        return _slope_at_zero_eager(activation)
+
+
+def _slope_at_zero_eager(activation: Callable) -> float:
     value = float(activation(jnp.zeros((), jnp.float32)))
     if not np.isfinite(value) or abs(value) > 1e-7:
         raise ValueError(
@@ -75,8 +84,10 @@ class Perceptron(Structure):
 
     def _A(self, x):
         k, d = self.k, self.d
-        off = jnp.zeros((k, k, d), x.dtype).at[jnp.arange(k), jnp.arange(k)].set(
-            0.5 * self.slope * x
+        off = (
+            jnp.zeros((k, k, d), x.dtype)
+            .at[jnp.arange(k), jnp.arange(k)]
+            .set(0.5 * self.slope * x)
         )
         top = jnp.concatenate([jnp.zeros((k, k, k), x.dtype), off], axis=2)
         bottom = jnp.concatenate(
