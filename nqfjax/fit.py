@@ -1,8 +1,694 @@
-"""Placeholder: being written (see the open issues)."""
+r"""Gradient-based fitting: power laws to loss curves, and power-law spectra through
+the Lotka-Volterra solver (THEORY.md section 5).
 
-def fit_power_law(*args, **kwargs):  # placeholder
-    raise NotImplementedError("fit_power_law is not written yet")
+- `fit_power_law(ts, loss)`: $L(t) = L_\infty + c\,(t + t_0)^{-\gamma}$ by optax
+  descent on a Huber loss of $\log L$, several starts, with an uncertainty for
+  $\gamma$ and the fitting window it used.
+- `fit_spectrum(ts, loss, p=...)`: the inverse problem: the power-law LV model
+  ($\lambda_k = k^{-\alpha}$, $m^*_k = k^{-\beta}$, init scale, time scale)
+  whose loss curve matches, found by gradient descent *through* `solve_lv`, and
+  the exponent the theory then predicts.
+"""
 
-def fit_spectrum(*args, **kwargs):  # placeholder
-    raise NotImplementedError("fit_spectrum is not written yet")
+from typing import Literal
 
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ._checks import check_ndim, check_shape, finite, increasing
+from .lv import LotkaVolterra, solve_lv
+from .theory import power_law_exponent
+
+
+# --------------------------------------------------------------------------------
+# helpers shared by both fits
+
+
+def _host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an observed loss curve (concrete arrays) and return it as float64
+    NumPy arrays."""
+    t = np.asarray(ts, dtype=np.float64)
+    y = np.asarray(loss, dtype=np.float64)
+    check_ndim("ts", t, 1, "a 1-D array of times")
+    check_shape("loss", y, t.shape)
+    increasing("ts", t)
+    finite("loss", y)
+    if np.any(t < 0):
+        raise ValueError("`ts` must be >= 0 (time counts training steps).")
+    return t, y
+
+
+def _huber(x, delta):
+    ax = jnp.abs(x)
+    return jnp.where(ax <= delta, 0.5 * x**2, delta * (ax - 0.5 * delta))
+
+
+def _value_and_jacfwd(f, x):
+    """`f(x)` and its Jacobian `(len(f(x)), len(x))` in forward mode, sharing the
+    primal computation (one tangent per parameter, batched)."""
+    basis = jnp.eye(x.shape[0], dtype=x.dtype)
+    push = lambda v: jax.jvp(f, (x,), (v,))
+    y, J = jax.vmap(push, out_axes=(None, -1))(basis)
+    return y, J
+
+
+class _Best(eqx.Module):
+    theta: Array
+    value: Array
+    res: Array
+    J: Array
+
+
+def _least_squares(residual_fn, weights, delta, theta, adam_steps, lm_steps, lr):
+    r"""Minimise the weighted mean Huber loss of `residual_fn(theta)`:
+    `adam_steps` of Adam (optax, cosine decay) to find the basin, then `lm_steps`
+    of Levenberg-Marquardt (iteratively reweighted Gauss-Newton) to converge it
+    (first-order steps crawl along flat valleys, e.g. `L_inf -> 0`).
+
+    One scan; every iteration evaluates the residuals and their Jacobian once, in
+    forward mode (`jax.jvp`, one tangent per parameter), at the current candidate:
+    Adam's gradient is $J^\top w \psi(\rho)$ ($\psi$ the Huber influence), and
+    Levenberg-Marquardt decides to accept or reject the candidate at the next
+    evaluation, so a diffrax solve appears once in the compiled program. A
+    candidate with non-finite residuals (a failed solve) is never accepted.
+
+    Returns the best point seen, with its objective, residuals and Jacobian."""
+    wsum = jnp.sum(weights)
+
+    def evaluate(th):
+        res, J = _value_and_jacfwd(residual_fn, th)
+        value = jnp.sum(weights * _huber(res, delta)) / wsum
+        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
+        return res, J, jnp.where(ok, value, jnp.inf)
+
+    schedule = optax.cosine_decay_schedule(lr, max(adam_steps, 1), alpha=1e-2)
+    opt = optax.adam(schedule)
+
+    def lm_candidate(best, mu):
+        influence = weights * jnp.clip(best.res, -delta, delta)  # w * psi(res)
+        irls = weights * jnp.where(
+            jnp.abs(best.res) <= delta, 1.0, delta / jnp.abs(best.res)
+        )
+        H = best.J.T @ (irls[:, None] * best.J)
+        g = best.J.T @ influence
+        scale = jnp.diag(H) + 1e-12 * jnp.trace(H) + jnp.finfo(H.dtype).tiny
+        return best.theta - jnp.linalg.solve(H + mu * jnp.diag(scale), g)
+
+    def step(carry, i):
+        cand, best, mu, state = carry
+        res, J, value = evaluate(cand)
+        improved = value < best.value
+        best = jax.tree.map(
+            lambda new, old: jnp.where(improved, new, old),
+            _Best(cand, value, res, J),
+            best,
+        )
+        # Adam phase: a step from the candidate (from the best point if the
+        # candidate failed).
+        grad = J.T @ (weights * jnp.clip(res, -delta, delta)) / wsum
+        finite = jnp.isfinite(value)
+        updates, new_state = opt.update(jnp.where(finite, grad, 0.0), state, cand)
+        adam_next = jnp.where(finite, optax.apply_updates(cand, updates), best.theta)
+        # Levenberg-Marquardt phase: damping down after an accepted candidate, up
+        # after a rejected one; the next candidate always starts from the best.
+        in_lm = i >= adam_steps
+        mu = jnp.where(
+            in_lm & (i > adam_steps), jnp.where(improved, mu / 3, mu * 4), mu
+        )
+        lm_next = lm_candidate(best, mu)
+        nxt = jnp.where(in_lm, lm_next, adam_next)
+        state = jax.tree.map(lambda a, b: jnp.where(in_lm, b, a), new_state, state)
+        return (nxt, best, mu, state), None
+
+    res0 = residual_fn(theta)
+    inf = jnp.asarray(jnp.inf, theta.dtype)
+    best = _Best(theta, inf, jnp.zeros_like(res0), jnp.zeros(res0.shape + theta.shape))
+    carry = (theta, best, jnp.asarray(1e-3, theta.dtype), opt.init(theta))
+    total = adam_steps + lm_steps + 1  # the last evaluation only scores
+    (_, best, _, _), _ = jax.lax.scan(step, carry, jnp.arange(total))
+    return best
+
+
+def _laplace_cov(best: _Best, weights):
+    r"""Gauss-Newton covariance $s^2 (J^\top W J)^{+}$ at the optimum, with
+    $s^2 = \sum w \rho^2 / (n - k)$ (pseudo-inverse: an unidentifiable
+    direction, such as `L_inf` at zero, does not inflate the others)."""
+    n = jnp.sum(weights)
+    s2 = jnp.sum(weights * best.res**2) / jnp.maximum(n - best.theta.shape[0], 1)
+    H = best.J.T @ (weights[:, None] * best.J)
+    evals, evecs = jnp.linalg.eigh(H)
+    keep = evals > 1e-12 * jnp.max(evals)
+    inv = jnp.where(keep, 1.0 / jnp.where(keep, evals, 1.0), 0.0)
+    return s2 * (evecs * inv[None, :]) @ evecs.T
+
+
+# --------------------------------------------------------------------------------
+# power laws
+
+
+class PowerLawFit(eqx.Module):
+    r"""The result of `fit_power_law`: $L(t) = L_\infty + c\,(t + t_0)^{-\gamma}$.
+
+    **Fields:**
+
+    - `gamma`, `gamma_err`: the exponent and its standard error (1 sigma).
+    - `L_inf`, `c`, `t0`: the other parameters (all positive).
+    - `window`: `(t_lo, t_hi)`, the time range fitted (given or auto-chosen).
+    - `n_points`: number of points inside the window.
+    - `rms`: root-mean-square residual of $\log L$ in the window.
+    - `uncertainty`: how `gamma_err` was obtained (`"laplace"` or `"bootstrap"`).
+    """
+
+    gamma: Float[Array, ""]
+    gamma_err: Float[Array, ""]
+    L_inf: Float[Array, ""]
+    c: Float[Array, ""]
+    t0: Float[Array, ""]
+    window: tuple[float, float] = eqx.field(static=True)
+    n_points: int = eqx.field(static=True)
+    rms: Float[Array, ""]
+    uncertainty: str = eqx.field(static=True)
+
+    def __call__(self, ts: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
+        """The fitted curve at times `ts`."""
+        ts = jnp.asarray(ts, self.gamma.dtype)
+        return self.L_inf + self.c * (ts + self.t0) ** (-self.gamma)
+
+
+def _auto_window(
+    t: np.ndarray,
+    y: np.ndarray,
+    *,
+    half_width: float = 0.25,
+    tol: float = 0.05,
+    n_grid: int = 48,
+) -> tuple[float, float]:
+    """The longest range of `log10 t` over which the local slope of the log-log
+    curve stays constant: the power-law regime, excluding an initial plateau or
+    staircase and a final floor or finite-size cutoff.
+
+    At each of `n_grid` centres, a least-squares line of `log L` against `log t`
+    over the points within `half_width` decades gives the local slope, its
+    standard error `se` and the residual scatter `rough`. A range qualifies when
+
+    - every centre is smooth: `rough <= 2 * q + 1e-4` (decades), with `q` the
+      lower quartile of `rough` over the decreasing part of the curve; white noise
+      has the same scatter everywhere and passes, a resolved staircase of
+      switch-ons is far rougher than the merged part and does not;
+    - every local slope is within `tol * median + 2 se` of the median slope
+      (so noise alone does not end it)."""
+    keep = (t > 0) & (y > 0)
+    lt, ly = np.log10(t[keep]), np.log10(y[keep])
+    full = (float(t[keep][0]), float(t[keep][-1]))
+    if lt.size < 8 or lt[-1] - lt[0] < 4 * half_width:
+        return full
+    grid = np.linspace(lt[0] + half_width, lt[-1] - half_width, n_grid)
+    slopes = np.full(n_grid, np.nan)
+    errs = np.full(n_grid, np.nan)
+    rough = np.full(n_grid, np.nan)
+    for j, g in enumerate(grid):
+        sel = np.abs(lt - g) <= half_width
+        if sel.sum() >= 4:
+            x = lt[sel] - lt[sel].mean()
+            z = ly[sel] - ly[sel].mean()
+            slope = np.sum(x * z) / np.sum(x * x)
+            resid = z - slope * x
+            slopes[j] = -slope
+            errs[j] = np.sqrt(np.sum(resid**2) / (sel.sum() - 2) / np.sum(x * x))
+            rough[j] = np.sqrt(np.mean(resid**2))
+    falling = slopes > 0.05
+    if not np.any(falling):
+        return full
+    smooth = rough <= 2 * np.quantile(rough[falling], 0.25) + 1e-4
+    best, best_len = None, 2 * half_width  # at least one smoothing window wide
+    for i in range(n_grid):
+        for j in range(n_grid - 1, i, -1):
+            if grid[j] - grid[i] <= best_len:
+                break
+            seg, err = slopes[i : j + 1], errs[i : j + 1]
+            if not (np.all(np.isfinite(seg)) and np.all(smooth[i : j + 1])):
+                continue
+            med = np.median(seg)
+            if med > 0 and np.all(np.abs(seg - med) <= tol * med + 2 * err):
+                best, best_len = (i, j), grid[j] - grid[i]
+                break
+    if best is None:
+        return full
+    lo, hi = grid[best[0]] - half_width, grid[best[1]] + half_width
+    inside = (lt >= lo - 1e-12) & (lt <= hi + 1e-12)
+    tw = t[keep][inside]
+    return float(tw[0]), float(tw[-1])
+
+
+def _log_model(theta, u):
+    """`log(L_inf + c (u + u0)^-gamma)` with `theta = log(L_inf, c, u0, gamma)`."""
+    a, b, d, e = theta[0], theta[1], theta[2], theta[3]
+    return jnp.logaddexp(a, b - jnp.exp(e) * jnp.log(u + jnp.exp(d)))
+
+
+@eqx.filter_jit
+def _fit_power_law_core(u, y, weights, theta0, delta, lr, steps, polish):
+    """Fit from every start in `theta0` (shape `(S, 4)`) and keep the best; its
+    Laplace standard error of `gamma` and RMS log-residual in the window. The
+    shapes never depend on the window (zero weights outside it), so one
+    compilation serves every window and replicate of a given length."""
+
+    def residual(theta):
+        return _log_model(theta, u) - y
+
+    fits = jax.vmap(
+        lambda th: _least_squares(residual, weights, delta, th, steps, polish, lr)
+    )(theta0)
+    best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
+    cov = _laplace_cov(best, weights)
+    gamma_err = jnp.exp(best.theta[3]) * jnp.sqrt(cov[3, 3])
+    rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
+    return best.theta, gamma_err, rms
+
+
+@eqx.filter_jit
+def _bootstrap_gamma(u, y, counts, theta, delta, polish):
+    """`gamma` refitted (Levenberg-Marquardt from `theta`) for each row of
+    `counts` (bootstrap multiplicities)."""
+
+    def residual(th):
+        return _log_model(th, u) - y
+
+    def one(w):
+        return jnp.exp(
+            _least_squares(residual, w, delta, theta, 0, polish, 0.0).theta[3]
+        )
+
+    return jax.vmap(one)(counts)
+
+
+def fit_power_law(
+    ts: Float[ArrayLike, " T"],
+    loss: Float[ArrayLike, " T"],
+    *,
+    window: tuple[float, float] | None = None,
+    n_starts: int = 8,
+    steps: int = 300,
+    learning_rate: float = 0.1,
+    huber_delta: float = 0.1,
+    uncertainty: Literal["laplace", "bootstrap"] = "laplace",
+    n_bootstrap: int = 64,
+    key: PRNGKeyArray | None = None,
+) -> PowerLawFit:
+    r"""Fit $L(t) = L_\infty + c\,(t + t_0)^{-\gamma}$ to a loss curve.
+
+    The parameters are kept positive by fitting their logarithms; time and loss are
+    rescaled to order one inside the window. The objective is the mean Huber loss
+    (threshold `huber_delta`) of the residuals of $\log L$, so multiplicative noise
+    is weighted evenly across decades and a few outliers (a step of a staircase)
+    do not dominate. `n_starts` starts (the first from a log-log linear regression,
+    the others random perturbations of it drawn with `key`) each run `steps` of
+    Adam (optax, cosine decay) to find a basin, then 30 Levenberg-Marquardt steps
+    to converge it (the objective is flat along `L_inf -> 0`, where first-order
+    steps crawl), vmapped over starts; the best start wins.
+
+    **Window.** With `window=None` it is chosen automatically: the longest range of
+    $\log t$ over which the local log-log slope (a least-squares slope over half a
+    decade) stays within 5% of its median, plus twice its standard error (so
+    noise alone does not end the window), and over which the curve is as smooth
+    on that scale as its smoothest quarter (white noise passes, a resolved
+    staircase of switch-ons does not). This drops an initial plateau or
+    staircase and a final floor or finite-size cutoff; the window used is reported
+    in the result. Give `window=(t_lo, t_hi)` to fix it (e.g. from the switch-on
+    times of THEORY.md section 5).
+
+    **Uncertainty of gamma.** `"laplace"` (default): the Gauss-Newton curvature of
+    the squared log-residuals at the optimum, $\Sigma = s^2 (J^\top J)^{+}$ with
+    $s^2 = \sum_i \rho_i^2/(n - 4)$; valid for independent noise, and an
+    underestimate for a smooth deterministic curve whose residuals are correlated
+    misfit (then it measures only the misfit). `"bootstrap"`: the standard
+    deviation of `gamma` over `n_bootstrap` refits on resampled points (pairs
+    bootstrap, as multinomial weights, vmapped).
+
+    Not differentiable or jit-able as a whole (the window is chosen on the host);
+    the fits themselves are one jit-compiled vmapped call.
+
+    **Arguments:**
+
+    - `ts`: times, shape `(T,)`, strictly increasing, `>= 0`.
+    - `loss`: the loss at `ts`, shape `(T,)`; points with `loss <= 0` are dropped.
+    - `window`: optional `(t_lo, t_hi)`; default automatic (see above).
+    - `n_starts`: number of starts (default 8).
+    - `steps`, `learning_rate`: Adam steps and peak learning rate.
+    - `huber_delta`: Huber threshold on the log-residual (default 0.1).
+    - `uncertainty`: `"laplace"` or `"bootstrap"`.
+    - `n_bootstrap`: bootstrap replicates.
+    - `key`: PRNG key for the starts and the bootstrap (default `key(0)`).
+
+    **Returns:** a `PowerLawFit` (callable: the fitted curve).
+
+    **Raises:** `ValueError` for bad shapes, non-finite values, non-increasing or
+    negative `ts`, or fewer than 6 positive points in the window.
+    """
+    t, y = _host_curve(ts, loss)
+    if uncertainty not in ("laplace", "bootstrap"):
+        raise ValueError(
+            f"`uncertainty` must be 'laplace' or 'bootstrap', got {uncertainty!r}."
+        )
+    if n_starts < 1:
+        raise ValueError(f"`n_starts` must be >= 1, got {n_starts}.")
+    if window is None:
+        window = _auto_window(t, y)
+    else:
+        window = (float(window[0]), float(window[1]))
+        if not window[0] < window[1]:
+            raise ValueError(
+                f"`window` must be (t_lo, t_hi) with t_lo < t_hi, got {window}."
+            )
+    sel = (t >= window[0]) & (t <= window[1]) & (y > 0)
+    n = int(sel.sum())
+    if n < 6:
+        raise ValueError(
+            f"need at least 6 points with positive loss in the window {window}, got "
+            f"{n}."
+        )
+    tw, yw = t[sel], y[sel]
+    window = (float(tw[0]), float(tw[-1]))
+    # Rescale to order one inside the window; points outside get weight 0 (the
+    # arrays keep the length of `ts`, so every window shares one compilation).
+    t_ref = tw[-1]
+    l_ref = np.exp(np.mean(np.log(yw)))
+    u = t / t_ref
+    ly = np.where(sel, np.log(np.where(sel, y, 1.0) / l_ref), 0.0)
+
+    # start 0: a log-log regression on the window (positive times)
+    pos = sel & (u > 0)
+    slope, intercept = np.polyfit(np.log(u[pos]), ly[pos], 1)
+    theta_reg = np.array(
+        [
+            np.min(ly[sel]) - 5.0,
+            intercept,
+            np.log(u[pos][0]) - 3.0,
+            np.log(max(-slope, 0.05)),
+        ]
+    )
+    key = jax.random.key(0) if key is None else key
+    key_starts, key_boot = jax.random.split(key)
+    noise = np.asarray(jax.random.normal(key_starts, (n_starts, 4)))
+    theta0 = theta_reg + noise * np.array([2.0, 0.5, 2.0, 0.4])
+    theta0[0] = theta_reg
+    dtype = jnp.result_type(float)
+    u_j, y_j, w_j = (jnp.asarray(a, dtype) for a in (u, ly, sel))
+    theta, gamma_err, rms = _fit_power_law_core(
+        u_j, y_j, w_j, jnp.asarray(theta0, dtype), huber_delta, learning_rate, steps, 30
+    )
+    gamma = jnp.exp(theta[3])
+    if uncertainty == "bootstrap":
+        idx = jax.random.choice(key_boot, np.flatnonzero(sel), (n_bootstrap, n))
+        counts = jax.vmap(lambda i: jnp.zeros_like(u_j).at[i].add(1.0))(idx)
+        boot = _bootstrap_gamma(u_j, y_j, counts, theta, huber_delta, 30)
+        gamma_err = jnp.std(boot, ddof=1)
+
+    return PowerLawFit(
+        gamma=gamma,
+        gamma_err=gamma_err,
+        L_inf=jnp.exp(theta[0]) * l_ref,
+        c=jnp.exp(theta[1]) * l_ref * t_ref ** jnp.exp(theta[3]),
+        t0=jnp.exp(theta[2]) * t_ref,
+        window=window,
+        n_points=n,
+        rms=rms,
+        uncertainty=uncertainty,
+    )
+
+
+# --------------------------------------------------------------------------------
+# spectra: the inverse problem through solve_lv
+
+
+class SpectrumFit(eqx.Module):
+    r"""The result of `fit_spectrum`: the power-law LV model of independent modes
+
+    $$\lambda_k = k^{-\alpha},\quad m^*_k = k^{-\beta},\quad
+    r_k = \rho\,\lambda_k m^*_k,\quad B_{kk} = \rho\,\lambda_k,\quad
+    m_k(0) = \epsilon,\quad
+    L(t) = A \sum_{k=1}^p \tfrac12 \lambda_k \big(m^*_k - m_k(t)\big)^2$$
+
+    whose loss curve matches the data (THEORY.md section 5).
+
+    **Fields:**
+
+    - `alpha`, `beta` and their standard errors `alpha_err`, `beta_err`.
+    - `eps`: the initial value of every mode, in units of `m*_1`.
+    - `rate`: $\rho = r_1$, the growth rate of the first mode (per step).
+    - `amplitude`: $A$, the loss scale.
+    - `gamma`: the exponent the theory predicts for these spectra,
+      `power_law_exponent(alpha, beta, "rich")` (NaN where it is undefined,
+      `alpha + 2 beta <= 1`).
+    - `p`: number of modes of the model; `method`: `"solve_lv"` or `"logistic"`.
+    - `rms`: root-mean-square residual of `log L` over the fitted points.
+    """
+
+    alpha: Float[Array, ""]
+    beta: Float[Array, ""]
+    alpha_err: Float[Array, ""]
+    beta_err: Float[Array, ""]
+    eps: Float[Array, ""]
+    rate: Float[Array, ""]
+    amplitude: Float[Array, ""]
+    gamma: float = eqx.field(static=True)
+    rms: Float[Array, ""]
+    p: int = eqx.field(static=True)
+    method: str = eqx.field(static=True)
+
+    @property
+    def theta(self) -> Float[Array, " 5"]:
+        """The fitted parameters `(alpha, beta, log eps, log rate, log amplitude)`."""
+        return jnp.stack(
+            [
+                self.alpha,
+                self.beta,
+                jnp.log(self.eps),
+                jnp.log(self.rate),
+                jnp.log(self.amplitude),
+            ]
+        )
+
+    def loss(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
+        """The fitted model's loss curve at times `ts` (same `method`)."""
+        ts = jnp.asarray(ts, self.alpha.dtype)
+        return jnp.exp(_spectrum_log_loss(self.theta, ts, self.p, self.method, None))
+
+
+def _spectrum_modes(theta, p: int):
+    k = jnp.arange(1, p + 1, dtype=theta.dtype)
+    alpha, beta, log_eps, log_rate = theta[0], theta[1], theta[2], theta[3]
+    lam, mstar = k**-alpha, k**-beta
+    rate = jnp.exp(log_rate)
+    return lam, mstar, rate * lam * mstar, rate * lam, jnp.exp(log_eps)
+
+
+def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options):
+    r"""`log L(ts)` of the power-law LV model at `theta = (alpha, beta, log eps,
+    log rate, log A)`.
+
+    `"solve_lv"`: one single-mode `solve_lv` per mode, vmapped (the modes are
+    independent, so this is the same solution as one `p`-dimensional solve, at a
+    fraction of its cost: no `p x p` implicit linear algebra, and every mode
+    resolves its own time scale). Derivatives go through
+    `diffrax.ForwardMode` (for `jax.jacfwd`/`jax.jvp`): five parameters against
+    a curve of `T` points. `"logistic"`: the closed form of each isolated mode
+    (THEORY.md section 4)."""
+    lam, mstar, r, b, eps = _spectrum_modes(theta, p)
+    if method == "logistic":
+        # log m = log m* - log(1 + (m*/eps - 1) e^{-r t})
+        log_c = jnp.log(jnp.abs(mstar / eps - 1))[:, None] - r[:, None] * ts[None, :]
+        sign = jnp.sign(mstar / eps - 1)[:, None]
+        m = mstar[:, None] / (1 + sign * jnp.exp(log_c))
+    else:
+        options = dict(solve_options or {})
+
+        def one(r_k, b_k):
+            lv = LotkaVolterra(r_k[None], b_k[None, None])
+            return solve_lv(lv, eps[None], ts, **options)[:, 0]
+
+        m = jax.vmap(one)(r, b)  # (p, T)
+    gap = mstar[:, None] - m
+    loss = 0.5 * jnp.sum(lam[:, None] * gap**2, axis=0)
+    return theta[4] + jnp.log(loss)
+
+
+@eqx.filter_jit
+def _fit_spectrum_core(ts, y, weights, theta0, delta, lr, steps, polish, method, opts):
+    """Fit from every start (`_least_squares`, vmapped) and keep the best; its
+    Laplace covariance and RMS log-residual."""
+    p = opts["p"]
+    solve_options = opts["solve"]
+
+    def residual(theta):
+        return _spectrum_log_loss(theta, ts, p, method, solve_options) - y
+
+    fits = jax.vmap(
+        lambda th: _least_squares(residual, weights, delta, th, steps, polish, lr)
+    )(theta0)
+    best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
+    rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
+    return best.theta, _laplace_cov(best, weights), rms, fits.value
+
+
+def fit_spectrum(
+    ts: Float[ArrayLike, " T"],
+    loss: Float[ArrayLike, " T"],
+    *,
+    p: int,
+    method: Literal["solve_lv", "logistic"] = "solve_lv",
+    starts: Float[ArrayLike, "S 5"] | None = None,
+    steps: int = 50,
+    polish: int = 30,
+    learning_rate: float = 0.03,
+    huber_delta: float = 0.1,
+    rel_floor: float = 1e-6,
+    solver=None,
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    max_steps: int = 4096,
+) -> SpectrumFit:
+    r"""Recover the power-law spectra `(alpha, beta)`, the init scale and the time
+    scale of a loss curve, by gradient descent through `solve_lv`.
+
+    The model (see `SpectrumFit`) is `p` independent Lotka-Volterra modes with
+    $\lambda_k = k^{-\alpha}$ (so $B_{kk} \propto k^{-\alpha}$), targets
+    $m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all starting at
+    $\epsilon$ (in units of $m^*_1$), and loss
+    $A \sum_k \lambda_k (m^*_k - m_k)^2 / 2$: five parameters
+    $\theta = (\alpha, \beta, \ln\epsilon, \ln\rho, \ln A)$. Each drop of the
+    staircase fixes a height ratio ($\propto k^{-(\alpha + 2\beta)}$) and a time
+    ratio ($\propto k^{\alpha+\beta}$, with the $\ln(m^*_k/\epsilon)$
+    correction), so both exponents are identifiable from a curve that resolves a
+    few switch-ons and reaches the merged power-law regime.
+
+    The objective is the mean Huber loss (threshold `huber_delta`) of the
+    residuals of $\log L$ over the points with `loss > rel_floor * max(loss)`.
+    From each start (default: a grid of 8 over `(alpha, beta, eps)` with `rho`
+    set by the time of the first drop and `A` by the initial loss) it runs
+    `steps` of Adam (optax, cosine decay) and `polish` Levenberg-Marquardt steps,
+    vmapped over starts; the best wins. The standard errors are Laplace
+    (Gauss-Newton) ones, $s^2 (J^\top J)^{-1}$: meaningful for noisy data, a
+    measure of misfit only for a deterministic curve.
+
+    **Adjoint.** `method="solve_lv"` (default) integrates every mode with
+    `solve_lv` (vmapped over modes; they are independent) and differentiates
+    with `diffrax.ForwardMode` via `jax.jvp`: five parameters and a curve of `T`
+    points make forward mode the right choice: the full `T x 5` Jacobian that
+    Gauss-Newton and the error bars need costs five tangent solves, where
+    reverse mode (`RecursiveCheckpointAdjoint`, the choice for a scalar of many
+    parameters) would need `T` backward passes. `method="logistic"` uses the
+    closed form of an isolated mode instead (same model, faster).
+
+    **Time.** `ts` counts steps; the model is the gradient *flow*. Full-batch GD
+    with learning rate `eta` grows a mode by `1 + r` per step instead of `e^r`,
+    so a curve from GD with rates `r_k` of order one fits a slightly different
+    `rho` (the exponents are unaffected while `r_1 << 1`).
+
+    **Arguments:**
+
+    - `ts`: times, shape `(T,)`, increasing, `>= 0`.
+    - `loss`: the observed loss, shape `(T,)` (points `<= rel_floor * max` dropped).
+    - `p`: number of modes of the model (a few hundred at most), e.g. the number
+      of learnable modes of the task.
+    - `method`: `"solve_lv"` or `"logistic"`.
+    - `starts`: optional starting points, shape `(S, 5)` in `theta` coordinates.
+    - `steps`, `polish`, `learning_rate`: Adam steps, Levenberg-Marquardt steps,
+      Adam's peak learning rate.
+    - `huber_delta`, `rel_floor`: see above.
+    - `solver`, `rtol`, `atol`, `max_steps`: options of each mode's `solve_lv`
+      (default solver: `solve_lv`'s; `throw=False`, so a failed trial solve is
+      a rejected step, never a silent result).
+
+    **Returns:** a `SpectrumFit`.
+
+    **Raises:** `ValueError` for bad shapes or values, `p < 1`, fewer than 8
+    usable points, or an unknown `method`; `RuntimeError` if the model cannot be
+    evaluated from any start (every solve failed).
+    """
+    t, y = _host_curve(ts, loss)
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"`p` must be a positive int, got {p!r}.")
+    if method not in ("solve_lv", "logistic"):
+        raise ValueError(f"`method` must be 'solve_lv' or 'logistic', got {method!r}.")
+    use = y > rel_floor * np.max(y)
+    if use.sum() < 8:
+        raise ValueError(
+            f"need at least 8 points with loss > rel_floor * max(loss), got "
+            f"{int(use.sum())}."
+        )
+    dtype = jnp.result_type(float)
+    if starts is None:
+        # A from the initial loss, rho from the first drop (where L falls below
+        # 3/4 of its start): rho t_1 ~ ln(1/eps).
+        y0 = y[use][0]
+        below = np.flatnonzero(use & (y < 0.75 * y0))
+        t_drop = t[below[0]] if below.size else t[-1]
+        t_drop = max(t_drop, t[t > 0][0] if np.any(t > 0) else 1.0)
+        rows = []
+        for a0 in (0.8, 1.6):
+            for b0 in (0.4, 1.0):
+                for log_eps in (np.log(1e-4), np.log(1e-10)):
+                    k = np.arange(1, p + 1)
+                    total = 0.5 * np.sum(k ** -(a0 + 2 * b0))
+                    rows.append(
+                        [a0, b0, log_eps, np.log(-log_eps / t_drop), np.log(y0 / total)]
+                    )
+        starts = np.array(rows)
+    starts = np.asarray(starts, dtype=np.float64)
+    if starts.ndim != 2 or starts.shape[1] != 5 or not np.all(np.isfinite(starts)):
+        raise ValueError(
+            f"`starts` must be a finite array of shape (S, 5), got {starts.shape}."
+        )
+    solve_options = dict(
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        throw=False,
+        adjoint=diffrax.ForwardMode(),
+    )
+    if solver is not None:
+        solve_options["solver"] = solver
+    opts = {"p": int(p), "solve": solve_options}
+    ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
+    theta, cov, rms, values = _fit_spectrum_core(
+        jnp.asarray(t, dtype),
+        jnp.asarray(ly, dtype),
+        jnp.asarray(use, dtype),
+        jnp.asarray(starts, dtype),
+        huber_delta,
+        learning_rate,
+        int(steps),
+        int(polish),
+        method,
+        opts,
+    )
+    if not np.isfinite(np.min(np.asarray(values))):
+        raise RuntimeError(
+            "fit_spectrum: the model could not be evaluated from any start (every "
+            "solve failed; raise `max_steps` or loosen `rtol`/`atol`, or pass "
+            "`starts`)."
+        )
+    alpha, beta = float(theta[0]), float(theta[1])
+    try:
+        gamma = power_law_exponent(alpha, beta, "rich")
+    except ValueError:
+        gamma = float("nan")
+    return SpectrumFit(
+        alpha=theta[0],
+        beta=theta[1],
+        alpha_err=jnp.sqrt(cov[0, 0]),
+        beta_err=jnp.sqrt(cov[1, 1]),
+        eps=jnp.exp(theta[2]),
+        rate=jnp.exp(theta[3]),
+        amplitude=jnp.exp(theta[4]),
+        gamma=gamma,
+        rms=rms,
+        p=int(p),
+        method=method,
+    )

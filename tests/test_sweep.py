@@ -1,0 +1,249 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import nqfjax
+from nqfjax.sweep import grid_product
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import _sweep_worker  # noqa: E402
+
+
+def _lv_curve(log_sigma, dtype):
+    """Loss curve of a 3-mode interacting LV system from `m0 = sigma^2 (1, 2, 3)`."""
+    r = jnp.array([1.0, 0.5, 0.2], dtype)
+    B = jnp.array([[1.0, 0.2, 0.1], [0.2, 1.0, 0.3], [0.1, 0.3, 0.8]], dtype)
+    lv = nqfjax.LotkaVolterra(r, B)
+    m0 = jnp.exp(2 * log_sigma) * jnp.arange(1.0, 4.0, dtype=dtype)
+    ts = jnp.linspace(1.0, 80.0, 9, dtype=dtype)
+    # Tsit5: this small problem is not stiff, and it compiles faster than Kvaerno5.
+    return lv.loss(nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5()))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_sweep_equals_separate_runs(dtype):
+    traces = []
+
+    def fn(log_sigma):
+        traces.append(1)
+        return {"loss": _lv_curve(log_sigma, dtype), "log_sigma": log_sigma}
+
+    log_sigmas = np.linspace(-12.0, -2.0, 32).astype(dtype)
+    result = nqfjax.sweep(fn, {"log_sigma": log_sigmas}, chunk=7, progress=False)
+    # 32 points in chunks of 7: 5 chunks, the last padded from 4 to 7 points, and
+    # one trace for all of them (same chunk shape every call).
+    assert result.n_chunks == 5 and result.n_computed == 5 and result.n_loaded == 0
+    assert len(traces) == 1
+    assert result.outputs["loss"].shape == (32, 9)
+    assert result.outputs["loss"].dtype == dtype
+    np.testing.assert_array_equal(result.outputs["log_sigma"], log_sigmas)
+    np.testing.assert_array_equal(result.grid["log_sigma"], log_sigmas)
+
+    single = jax.jit(lambda s: _lv_curve(s, dtype))
+    separate = np.stack([np.asarray(single(s)) for s in log_sigmas])
+    # Same solver and tolerances; the batched solve only reorders floating-point
+    # operations, which the adaptive step controller can amplify up to about the
+    # solver tolerance (1e-9 float64, 1e-5 float32): compare well inside it.
+    rtol = 1e-8 if dtype == jnp.float64 else 1e-4
+    np.testing.assert_allclose(result.outputs["loss"], separate, rtol=rtol)
+    # The init scale changes the curve (the comparison is not trivially equal).
+    assert np.ptp(separate[:, 3]) > 0.01
+
+
+def test_grid_product_order():
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0])
+    grid = grid_product({"a": a, "b": b})
+    result = nqfjax.sweep(lambda a, b: a * b + a, grid, progress=False)
+    np.testing.assert_allclose(
+        np.asarray(result.outputs).reshape(3, 2), a[:, None] * b[None, :] + a[:, None]
+    )
+    assert len(result) == 6
+
+
+def test_bad_grids_and_mesh():
+    f = lambda x: x
+    with pytest.raises(ValueError, match="empty"):
+        nqfjax.sweep(f, {})
+    with pytest.raises(ValueError, match="empty"):
+        nqfjax.sweep(f, {"x": np.array([])})
+    with pytest.raises(ValueError, match="NaN"):
+        nqfjax.sweep(f, {"x": np.array([1.0, np.nan])})
+    with pytest.raises(ValueError, match="same leading length"):
+        nqfjax.sweep(lambda x, y: x + y, {"x": np.ones(3), "y": np.ones(4)})
+    with pytest.raises(ValueError, match="numeric"):
+        nqfjax.sweep(f, {"x": np.array(["a", "b"])})
+    with pytest.raises(ValueError, match="scalar"):
+        nqfjax.sweep(f, {"x": 1.0})
+    with pytest.raises(ValueError, match="dict"):
+        nqfjax.sweep(f, [1.0, 2.0])
+    with pytest.raises(ValueError, match="chunk"):
+        nqfjax.sweep(f, {"x": np.ones(3)}, chunk=0)
+    with pytest.raises(ValueError, match="empty"):
+        grid_product({"a": np.ones(2), "b": []})
+    mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
+    with pytest.raises(ValueError, match="no axis named 'sweep'"):
+        nqfjax.sweep(f, {"x": np.ones(3)}, mesh=mesh)
+    # ... and naming the axis works (one device: the sweep axis is on it).
+    out = nqfjax.sweep(
+        f, {"x": np.arange(3.0)}, mesh=mesh, axis_name="batch", progress=False
+    )
+    np.testing.assert_array_equal(out.outputs, np.arange(3.0))
+
+
+def test_checkpoint_from_other_sweep(tmp_path):
+    f = lambda x: 2 * x
+    first = nqfjax.sweep(
+        f, {"x": np.arange(6.0)}, checkpoint=tmp_path, chunk=2, progress=False
+    )
+    assert (first.n_computed, first.n_loaded) == (3, 0)
+    again = nqfjax.sweep(
+        f, {"x": np.arange(6.0)}, checkpoint=tmp_path, chunk=2, progress=False
+    )
+    assert (again.n_computed, again.n_loaded) == (0, 3)
+    np.testing.assert_array_equal(again.outputs, 2 * np.arange(6.0))
+    with pytest.raises(ValueError, match="different sweep"):
+        nqfjax.sweep(f, {"x": np.arange(6.0) + 1}, checkpoint=tmp_path, chunk=2)
+    with pytest.raises(ValueError, match="different sweep.*chunk"):
+        nqfjax.sweep(f, {"x": np.arange(6.0)}, checkpoint=tmp_path, chunk=3)
+    with pytest.raises(ValueError, match="different sweep"):
+        nqfjax.sweep(
+            lambda x: (x, x), {"x": np.arange(6.0)}, checkpoint=tmp_path, chunk=2
+        )
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **extra)
+    return env
+
+
+_SHARDED = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh
+    import nqfjax
+
+    jax.config.update("jax_enable_x64", True)
+    assert jax.device_count() == 8, jax.devices()
+
+    def fn(log_sigma, eta):
+        r, b = jnp.array([1.0, 0.4]), jnp.array([1.0, 0.5])
+
+        def step(m, _):
+            m = m + eta * m * (r - b * m)
+            return m, 0.5 * jnp.sum(b * (r / b - m) ** 2)
+
+        _, losses = jax.lax.scan(step, jnp.exp(2 * log_sigma) * jnp.ones(2), None,
+                                 length=300)
+        return losses[::30]
+
+    grid = nqfjax.grid_product(
+        {"log_sigma": np.linspace(-9.0, -3.0, 10), "eta": np.array([0.02, 0.05, 0.1])}
+    )
+    mesh = Mesh(np.array(jax.devices()), ("sweep",))
+    plain = nqfjax.sweep(fn, grid, chunk=12, progress=False)
+    sharded = nqfjax.sweep(fn, grid, mesh=mesh, chunk=12, progress=False)
+    print(json.dumps({
+        "plain": np.asarray(plain.outputs).tolist(),
+        "sharded": np.asarray(sharded.outputs).tolist(),
+        "devices": list(sharded.devices),
+        "shard_size": sharded.shard_size,
+        "plain_devices": list(plain.devices),
+        "n_chunks": sharded.n_chunks,
+    }))
+    """
+)
+
+
+def test_sharded_sweep_on_8_host_devices():
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARDED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 30 points in chunks of 12 (3 chunks), each padded to 16 = 2 per device: the
+    # sweep axis is split over all 8 devices, 2 points each.
+    assert out["n_chunks"] == 3
+    assert sorted(out["devices"]) == list(range(8))
+    assert out["shard_size"] == 2
+    assert out["plain_devices"] == [0]
+    plain, sharded = np.array(out["plain"]), np.array(out["sharded"])
+    assert plain.shape == (30, 10)
+    # Same XLA CPU kernels per point; only the batch split differs, so equal to
+    # float64 round-off.
+    np.testing.assert_allclose(sharded, plain, rtol=1e-12, atol=0)
+    assert np.ptp(plain[:, 5]) > 0.01
+
+
+def test_kill_and_resume(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    gate = tmp_path / "gate"
+    script = os.path.join(HERE, "_sweep_worker.py")
+    log1, log2 = tmp_path / "log1", tmp_path / "log2"
+    args = [str(ckpt), "", str(tmp_path / "out.npz"), str(gate)]
+
+    # First run: chunks 0 and 1 finish, chunk 2 blocks on the gate; kill it there.
+    proc = subprocess.Popen(
+        [sys.executable, script, *[str(log1) if a == "" else a for a in args]],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    first_two = [ckpt / "chunk_000000.npz", ckpt / "chunk_000001.npz"]
+    while not all(p.exists() for p in first_two):
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "worker made no progress"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    finished = sorted(p.name for p in ckpt.glob("chunk_*.npz"))
+    assert finished == ["chunk_000000.npz", "chunk_000001.npz"]
+    evaluated1 = {int(x) for x in log1.read_text().split()}
+    assert set(range(8)) <= evaluated1  # chunks 0-1 ran, chunk 2 was in flight
+
+    # Restart with the gate open: it must load chunks 0-1 and evaluate only the rest.
+    gate.write_text("open")
+    proc = subprocess.run(
+        [sys.executable, script, *[str(log2) if a == "" else a for a in args]],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = np.load(tmp_path / "out.npz")
+    assert int(resumed["n_loaded"]) == 2 and int(resumed["n_computed"]) == 4
+    evaluated2 = [int(x) for x in log2.read_text().split()]
+    assert sorted(evaluated2) == list(range(8, 24))  # each remaining point once
+
+    # Uninterrupted reference, in this process, without checkpoint or gate.
+    point = _sweep_worker.make_point(None, None)
+    ref = nqfjax.sweep(point, _sweep_worker.GRID, chunk=4, progress=False)
+    # Deterministic CPU arithmetic on the same grid: equal to round-off.
+    np.testing.assert_allclose(resumed["loss"], ref.outputs["loss"], rtol=1e-12)
+    np.testing.assert_allclose(resumed["final"], ref.outputs["final"], rtol=1e-12)
+    assert np.ptp(resumed["loss"][:, 3]) > 0.01
