@@ -1,0 +1,473 @@
+r"""Rosenbrock solvers for the log-space Lotka-Volterra system (private module).
+
+`solve_lv` integrates $y = \log m$,
+
+$$\frac{dy}{dt} = f(y) = r - B\, e^{y} - \delta ,$$
+
+whose Jacobian is known in closed form, $J = \partial f / \partial y = -B\,
+\mathrm{diag}(e^{y})$. The system is stiff once modes switch on, and the implicit
+Runge-Kutta solvers of diffrax (`Kvaerno5`) pay for Newton iterations with a
+dense `jacfwd` Jacobian at every step. A Rosenbrock (linearly implicit) method
+instead solves a fixed number of linear systems with the one matrix
+
+$$W = I - \gamma h J = I + \gamma h\, B\, \mathrm{diag}(m)$$
+
+per step, and needs no Newton iteration. With `B` dense, `W` is LU-factorised
+once per step ($O(p^3)$); with `B = diag(d) + U U^T` (for example the quadratic
+network with Gaussian inputs, THEORY.md section 3, where `U` is one column) the
+Woodbury identity solves it in $O(pq)$ with a `q x q` capacitance matrix.
+"""
+
+from typing import ClassVar, NamedTuple
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+from jaxtyping import Array, Float
+
+
+class _Tableau(NamedTuple):
+    r"""A Rosenbrock method in the transformed form of Hairer and Wanner (RODAS):
+
+    $$(I/(h\gamma) - J)\, k_i = f\big(t_0 + c_i h,\,
+      y_0 + \textstyle\sum_j a_{ij} k_j\big)
+      + \textstyle\sum_j (C_{ij}/h)\, k_j + h\, d_i\, f_t ,$$
+
+    $y_1 = y_0 + \sum_i m_i k_i$, error estimate `k[-1]` (the methods here are
+    stiffly accurate: `y1` minus the embedded solution is the last stage), dense
+    output $y(\theta) = (1-\theta) y_0 + \theta\,(y_1 + (1-\theta)(H_1 + \theta(H_2 +
+    \dots)))$ with $H_r = \sum_i h_{ri} k_i$.
+    """
+
+    name: str
+    order: int
+    gamma: float
+    a: tuple[tuple[float, ...], ...]
+    C: tuple[tuple[float, ...], ...]
+    c: tuple[float, ...]
+    d: tuple[float, ...]
+    m: tuple[float, ...]
+    H: tuple[tuple[float, ...], ...]
+
+
+# Rodas4: Hairer and Wanner, Solving ODEs II, section IV.7 (the RODAS code's
+# coefficients). Order 4(3), 6 stages, dense output of order 3.
+_a5 = (1.221224509226641, 6.019134481288629, 12.53708332932087, -0.687886036105895)
+RODAS4 = _Tableau(
+    name="Rodas4",
+    order=4,
+    gamma=0.25,
+    a=(
+        (),
+        (1.544,),
+        (0.9466785280815826, 0.2557011698983284),
+        (3.314825187068521, 2.896124015972201, 0.9986419139977817),
+        _a5,
+        (*_a5, 1.0),
+    ),
+    C=(
+        (),
+        (-5.6688,),
+        (-2.430093356833875, -0.2063599157091915),
+        (-0.1073529058151375, -9.594562251023355, -20.47028614809616),
+        (7.496443313967647, -10.24680431464352, -33.99990352819905, 11.7089089320616),
+        (
+            8.083246795921522,
+            -7.981132988064893,
+            -31.52159432874371,
+            16.31930543123136,
+            -6.058818238834054,
+        ),
+    ),
+    c=(0.0, 0.386, 0.21, 0.63, 1.0, 1.0),
+    d=(0.25, -0.1043, 0.1035, -0.0362, 0.0, 0.0),
+    m=(*_a5, 1.0, 1.0),
+    H=(
+        (
+            10.12623508344586,
+            -7.487995877610167,
+            -34.80091861555747,
+            -7.992771707568823,
+            1.025137723295662,
+            0.0,
+        ),
+        (
+            -0.6762803392801253,
+            6.087714651680015,
+            16.43084320892478,
+            24.76722511418386,
+            -6.594389125716872,
+            0.0,
+        ),
+    ),
+)
+
+# Rodas5P: G. Steinebach, "Construction of Rosenbrock-Wanner method Rodas5P and
+# numerical benchmarks within the Julia Differential Equations package", BIT
+# Numerical Mathematics 63 (2023). Order 5(4), 8 stages, L-stable, stiffly
+# accurate, dense output of order 4.
+_a6 = (
+    -7.502846399306121,
+    2.561846144803919,
+    -11.627539656261098,
+    -0.18268767659942256,
+    0.030198172008377946,
+)
+RODAS5P = _Tableau(
+    name="Rodas5P",
+    order=5,
+    gamma=0.21193756319429014,
+    a=(
+        (),
+        (3.0,),
+        (2.849394379747939, 0.45842242204463923),
+        (-6.954028509809101, 2.489845061869568, -10.358996098473584),
+        (
+            2.8029986275628964,
+            0.5072464736228206,
+            -0.3988312541770524,
+            -0.04721187230404641,
+        ),
+        _a6,
+        (*_a6, 1.0),
+        (*_a6, 1.0, 1.0),
+    ),
+    C=(
+        (),
+        (-14.155112264123755,),
+        (-17.97296035885952, -2.859693295451294),
+        (147.12150275711716, -1.41221402718213, 71.68940251302358),
+        (
+            165.43517024871676,
+            -0.4592823456491126,
+            42.90938336958603,
+            -5.961986721573306,
+        ),
+        (
+            24.854864614690072,
+            -3.0009227002832186,
+            47.4931110020768,
+            5.5814197821558125,
+            -0.6610691825249471,
+        ),
+        (
+            30.91273214028599,
+            -3.1208243349937974,
+            77.79954646070892,
+            34.28646028294783,
+            -19.097331116725623,
+            -28.087943162872662,
+        ),
+        (
+            37.80277123390563,
+            -3.2571969029072276,
+            112.26918849496327,
+            66.9347231244047,
+            -40.06618937091002,
+            -54.66780262877968,
+            -9.48861652309627,
+        ),
+    ),
+    c=(
+        0.0,
+        0.6358126895828704,
+        0.4095798393397535,
+        0.9769306725060716,
+        0.4288403609558664,
+        1.0,
+        1.0,
+        1.0,
+    ),
+    d=(
+        0.21193756319429014,
+        -0.42387512638858027,
+        -0.3384627126235924,
+        1.8046452872882734,
+        2.325825639765069,
+        0.0,
+        0.0,
+        0.0,
+    ),
+    m=(*_a6, 1.0, 1.0, 1.0),
+    H=(
+        (
+            25.948786856663858,
+            -2.5579724845846235,
+            10.433815404888879,
+            -2.3679251022685204,
+            0.524948541321073,
+            1.1241088310450404,
+            0.4272876194431874,
+            -0.17202221070155493,
+        ),
+        (
+            -9.91568850695171,
+            -0.9689944594115154,
+            3.0438037242978453,
+            -24.495224566215796,
+            20.176138334709044,
+            15.98066361424651,
+            -6.789040303419874,
+            -6.710236069923372,
+        ),
+        (
+            11.419903575922262,
+            2.8879645146136994,
+            72.92137995996029,
+            80.12511834622643,
+            -52.072871366152654,
+            -59.78993625266729,
+            -0.15582684282751913,
+            4.883087185713722,
+        ),
+    ),
+)
+TABLEAUS = {"rodas4": RODAS4, "rodas5p": RODAS5P}
+
+
+def _combine(coeffs, ks):
+    """`sum_j coeffs[j] * ks[j]`, skipping zeros (unrolled at trace time)."""
+    out = None
+    for c, k in zip(coeffs, ks):
+        if c == 0.0:
+            continue
+        term = k if c == 1.0 else c * k
+        out = term if out is None else out + term
+    return out
+
+
+def exponent_clip(dtype) -> float:
+    """The largest exponent let through `exp`: a quarter of the log of the largest
+    float (177 in float64, 22 in float32), as in `solve_lv`, so that a rejected
+    trial step cannot overflow."""
+    return 0.25 * float(np.log(np.finfo(np.dtype(dtype)).max))
+
+
+class RosenbrockInterpolation(diffrax.AbstractLocalInterpolation):
+    r"""The dense output of a Rodas method on one step,
+    $y(\theta) = (1-\theta)\, y_0 + \theta\,\big(y_1 + (1-\theta)(H_1 + \theta(H_2
+    + \dots))\big)$, with $H_r$ combinations of the stage vectors."""
+
+    t0: Float[Array, ""]
+    t1: Float[Array, ""]
+    y0: Float[Array, " p"]
+    y1: Float[Array, " p"]
+    H: Float[Array, "r p"]
+
+    def evaluate(self, t0, t1=None, left: bool = True):
+        del left
+        if t1 is not None:
+            return self.evaluate(t1) - self.evaluate(t0)
+        theta = ((t0 - self.t0) / (self.t1 - self.t0)).astype(self.y0.dtype)
+        inner = self.H[-1]
+        for H_r in self.H[-2::-1]:
+            inner = H_r + theta * inner
+        return (1 - theta) * self.y0 + theta * (self.y1 + (1 - theta) * inner)
+
+
+class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
+    r"""A Rodas (Rosenbrock) solver using the analytic Jacobian of the log-space
+    Lotka-Volterra field.
+
+    Each stage is one evaluation of the vector field and one linear solve with
+    $W = I - \gamma h J$ (Hairer and Wanner, *Solving Ordinary Differential
+    Equations II*, section IV.7); there is no Newton iteration. For the field
+    $f(y) = r - B e^{y} - \delta$ that `solve_lv` integrates,
+    $J = -B\,\mathrm{diag}(e^y)$ and
+
+    $$W = I + \gamma h\, B\, \mathrm{diag}(m), \qquad m = e^{\min(y,\, y_{max})}.$$
+
+    How `W` is solved depends on what the solver is given:
+
+    - `LVRosenbrock(B=B)`: dense `B`; `W` is LU-factorised once per step, $O(p^3)$.
+    - `LVRosenbrock(diag=d, factor=U)`: `B = diag(d) + U U^T` with `d >= 0` and
+      `U` of shape `(p, q)`; Woodbury with a `q x q` capacitance matrix, $O(pq^2 +
+      q^3)$ per step. `q = 0` (a `(p, 0)` factor) is a diagonal `B`.
+    - `LVRosenbrock()`: a generic Rosenbrock solver for any ODE with a 1-D state:
+      `J` by `jax.jacfwd` of the vector field, $\partial f / \partial t$ by
+      `jax.jvp`, dense LU.
+
+    The first two assume the term is the log-space LV field with this `B` (as
+    `solve_lv` builds it): only the linear algebra uses `B`, the stages evaluate the
+    term. With a `B` that does not match the term the method loses its order: it
+    takes many more steps and its error estimate is less reliable. Usage:
+    `solve_lv(lv, m0, ts, solver=LVRosenbrock(B=lv.B))`; under `jax.vmap` over
+    systems, build the solver inside the vmapped function (it is a pytree).
+
+    Methods (`method=`), both L-stable and stiffly accurate, with the last stage as
+    error estimate and a dense output built from the (damped) stage vectors, which
+    stays accurate on steps much longer than the fast time scales:
+
+    - `"rodas4"` (default): order 4(3), 6 stages, dense output of order 3
+      (Hairer and Wanner's RODAS).
+    - `"rodas5p"`: order 5(4), 8 stages, dense output of order 4 (Steinebach,
+      BIT Numer. Math. 63, 2023). On the 64-mode benchmark of
+      `benchmarks/lv_vs_scipy.py` its error estimate let the error during the
+      first switch-ons reach 30x the tolerance, so it needed more steps than
+      `"rodas4"` for the same accuracy.
+
+    With `rtol = 0`, `atol` bounds the local error of $\log m$, i.e. the relative
+    error of `m`, for large and tiny modes alike.
+
+    Gradients go through `diffrax.RecursiveCheckpointAdjoint`
+    (discretise-then-differentiate: exact for the numerical solution) and forward
+    mode (`diffrax.ForwardMode()`).
+
+    **Arguments:**
+
+    - `B`: the interactions, shape `(p, p)` (dense mode).
+    - `diag`, `factor`: `B = diag(diag) + factor @ factor.T`, shapes `(p,)` and
+      `(p, q)` (structured mode). Give either `B`, or both of these, or nothing.
+    - `method`: `"rodas4"` (default) or `"rodas5p"`.
+    - `y_max`: the exponent clip; default that of `solve_lv`
+      (`0.25 * log(finfo(dtype).max)`).
+
+    **Raises:** `ValueError` if the arguments mix modes or have the wrong shapes,
+    or (at trace time) if the state is not a 1-D array of the size of `B`.
+    """
+
+    B: Float[Array, "p p"] | None = None
+    diag: Float[Array, " p"] | None = None
+    factor: Float[Array, "p q"] | None = None
+    method: str = eqx.field(static=True, default="rodas4")
+    y_max: float | None = eqx.field(static=True, default=None)
+
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = RosenbrockInterpolation
+
+    def __check_init__(self):
+        if self.method not in TABLEAUS:
+            raise ValueError(
+                f"`method` must be one of {sorted(TABLEAUS)}, got {self.method!r}."
+            )
+        structured = (self.diag is not None, self.factor is not None)
+        if any(structured) and not all(structured):
+            raise ValueError("`diag` and `factor` must be given together.")
+        if self.B is not None and any(structured):
+            raise ValueError("Give either `B` or (`diag`, `factor`), not both.")
+        if self.B is not None and (
+            jnp.ndim(self.B) != 2 or jnp.shape(self.B)[0] != jnp.shape(self.B)[1]
+        ):
+            raise ValueError(f"`B` must have shape (p, p), got {jnp.shape(self.B)}.")
+        if all(structured):
+            if jnp.ndim(self.diag) != 1:
+                raise ValueError(
+                    f"`diag` must have shape (p,), got {jnp.shape(self.diag)}."
+                )
+            p = jnp.shape(self.diag)[0]
+            if jnp.ndim(self.factor) != 2 or jnp.shape(self.factor)[0] != p:
+                raise ValueError(
+                    f"`factor` must have shape ({p}, q), got {jnp.shape(self.factor)}."
+                )
+
+    @property
+    def mode(self) -> str:
+        """`"dense"`, `"diag_low_rank"` or `"generic"`."""
+        if self.B is not None:
+            return "dense"
+        if self.diag is not None:
+            return "diag_low_rank"
+        return "generic"
+
+    @property
+    def tableau(self) -> _Tableau:
+        return TABLEAUS[self.method]
+
+    def order(self, terms) -> int:
+        return self.tableau.order
+
+    def init(self, terms, t0, t1, y0, args):
+        self._check_state(y0)
+        return None
+
+    def func(self, terms, t0, y0, args):
+        return terms.vf(t0, y0, args)
+
+    def _check_state(self, y0):
+        if not isinstance(y0, jax.Array) or y0.ndim != 1:
+            raise ValueError(
+                "`LVRosenbrock` needs the state `y0` to be a 1-D array, got shapes "
+                f"{[jnp.shape(x) for x in jax.tree.leaves(y0)]}."
+            )
+        if self.mode == "dense":
+            p = self.B.shape[0]
+        elif self.mode == "diag_low_rank":
+            p = self.diag.shape[0]
+        else:
+            return
+        if p != y0.shape[0]:
+            raise ValueError(
+                f"The interactions have size {p} but the state has shape {y0.shape}."
+            )
+
+    def _linear_solve(self, f, t0, y0, gh, sign):
+        """`solve(b) = (I/(gh) - J)^{-1} b` for the Jacobian `J` of `f` (which is
+        `sign` times the LV field in the LV modes), and `f_t` (None if autonomous)."""
+        dtype = y0.dtype
+        p = y0.shape[0]
+        eye = jnp.eye(p, dtype=dtype)
+        if self.mode == "generic":
+            jac = jax.jacfwd(lambda y: f(t0, y))(y0).astype(dtype)
+            _, ft = jax.jvp(lambda t: f(t, y0), (t0,), (jnp.ones_like(t0),))
+            lu = jsl.lu_factor(eye - gh * jac)
+            return (lambda b: jsl.lu_solve(lu, gh * b)), ft.astype(dtype)
+        y_max = exponent_clip(dtype) if self.y_max is None else self.y_max
+        m = jnp.exp(jnp.minimum(y0, y_max))
+        # W = I - gh J = I + g B diag(m), with g = sign * gh.
+        g = sign * gh
+        if self.mode == "dense":
+            lu = jsl.lu_factor(eye + g * self.B.astype(dtype) * m[None, :])
+            return (lambda b: jsl.lu_solve(lu, gh * b)), None
+        # W = A + g U (M U)^T with A = I + g diag(d m) diagonal. Woodbury:
+        # W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1, with the capacitance
+        # S = I + g U^T diag(m / A) U (symmetric positive definite when g > 0, d >= 0).
+        d = self.diag.astype(dtype)
+        U = self.factor.astype(dtype)
+        q = U.shape[1]
+        a = 1 + g * d * m
+        if q == 0:  # B diagonal: independent modes
+            return (lambda b: gh * b / a), None
+        S = jnp.eye(q, dtype=dtype) + g * (U.T * (m / a)[None, :]) @ U
+        if q == 1:
+            solve_small = lambda v: v / S[0, 0]
+        else:
+            lu_S = jsl.lu_factor(S)
+            solve_small = lambda v: jsl.lu_solve(lu_S, v)
+
+        def solve(b):
+            z = gh * b / a
+            return z - g * (U @ solve_small(U.T @ (m * z))) / a
+
+        return solve, None
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        del solver_state, made_jump
+        self._check_state(y0)
+        tab = self.tableau
+        dtype = y0.dtype
+        t0 = jnp.asarray(t0)
+        h = jnp.asarray(t1 - t0, dtype)
+        # `diffeqsolve` integrates in increasing time and wraps the term (in a
+        # `WrapTerm`) so that `vf` sees the true time; its `direction` (+1 or -1)
+        # multiplies the field.
+        sign = jnp.asarray(getattr(terms, "direction", 1), dtype)
+
+        def f(t, y):
+            return sign * terms.vf(t, y, args).astype(dtype)
+
+        solve, ft = self._linear_solve(f, t0, y0, tab.gamma * h, sign)
+        ks = []
+        for i in range(len(tab.c)):
+            y_stage = y0 if i == 0 else y0 + _combine(tab.a[i], ks)
+            rhs = f(t0 + tab.c[i] * (t1 - t0), y_stage)
+            if i > 0:
+                rhs = rhs + _combine(tab.C[i], ks) / h
+            if ft is not None and tab.d[i] != 0.0:
+                rhs = rhs + (tab.d[i] * h) * ft
+            ks.append(solve(rhs))
+        y1 = y0 + _combine(tab.m, ks)
+        dense_info = dict(y0=y0, y1=y1, H=jnp.stack([_combine(r, ks) for r in tab.H]))
+        return y1, ks[-1], dense_info, None, diffrax.RESULTS.successful
