@@ -8,6 +8,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from ._checks import check_ndim, check_shape, increasing, is_concrete, positive
+from ._lv_solver import LVRosenbrock
 
 
 class LotkaVolterra(eqx.Module):
@@ -24,6 +25,12 @@ class LotkaVolterra(eqx.Module):
     - `r`: growth rates, shape `(p,)`.
     - `B`: interactions, shape `(p, p)`, symmetric positive semi-definite.
     - `decay`: the weight-decay rate `delta >= 0` (default 0).
+    - `B_diag`, `B_factor`: instead of `B`, the structure
+      `B = diag(B_diag) + B_factor @ B_factor.T` (shapes `(p,)` and `(p, q)`;
+      `B_factor` defaults to no columns, i.e. independent modes). Then the vector
+      field and the implicit steps of `solve_lv` cost `O(p q)` instead of
+      `O(p^2)`-`O(p^3)`; `B` is still materialised for the rest of the API. A
+      concrete `B` that is exactly diagonal is recognised as structured too.
     - `loss_scale`, `loss_offset`: `loss(m) = loss_scale * (m^T B m / 2 - r^T m)
       + loss_offset`; `lv_reduce` sets them (`1/(4 eta)` and `E|y|^2 / 2`) so that
       `loss` is the task's loss at the diagonal `M`.
@@ -34,15 +41,52 @@ class LotkaVolterra(eqx.Module):
     decay: Float[Array, ""]
     loss_scale: Float[Array, ""]
     loss_offset: Float[Array, ""]
+    B_diag: Float[Array, " p"] | None
+    B_factor: Float[Array, "p q"] | None
 
-    def __init__(self, r, B, decay=0.0, *, loss_scale=1.0, loss_offset=0.0):
+    def __init__(
+        self,
+        r,
+        B=None,
+        decay=0.0,
+        *,
+        B_diag=None,
+        B_factor=None,
+        loss_scale=1.0,
+        loss_offset=0.0,
+    ):
         r = jnp.asarray(r)
-        dtype = jnp.result_type(r, B, float)
+        if (B is None) == (B_diag is None):
+            raise ValueError("Give either `B` or `B_diag` (with optional `B_factor`).")
+        dtype = jnp.result_type(r, B if B is not None else B_diag, float)
+        if B is None:
+            B_diag = jnp.asarray(B_diag, dtype)
+            check_ndim("B_diag", B_diag, 1, "the diagonal of B")
+            if B_factor is None:
+                B_factor = jnp.zeros((B_diag.shape[0], 0), dtype)
+            B_factor = jnp.asarray(B_factor, dtype)
+            if B_factor.ndim != 2 or B_factor.shape[0] != B_diag.shape[0]:
+                raise ValueError(
+                    f"`B_factor` must have shape ({B_diag.shape[0]}, q), got "
+                    f"{B_factor.shape}."
+                )
+            B = jnp.diag(B_diag) + B_factor @ B_factor.T
+        else:
+            if B_factor is not None:
+                raise ValueError("`B_factor` goes with `B_diag`, not with `B`.")
+            B = jnp.asarray(B, dtype)
+            if is_concrete(B) and B.ndim == 2 and B.shape[0] == B.shape[1]:
+                Bn = np.asarray(B)
+                if np.count_nonzero(Bn - np.diag(np.diag(Bn))) == 0:
+                    B_diag = jnp.asarray(np.diag(Bn))
+                    B_factor = jnp.zeros((Bn.shape[0], 0), dtype)
         self.r = r.astype(dtype)
-        self.B = jnp.asarray(B, dtype)
+        self.B = B
         self.decay = jnp.asarray(decay, dtype)
         self.loss_scale = jnp.asarray(loss_scale, dtype)
         self.loss_offset = jnp.asarray(loss_offset, dtype)
+        self.B_diag = B_diag
+        self.B_factor = B_factor
 
     def __check_init__(self):
         check_ndim("r", self.r, 1, "a vector of growth rates")
@@ -76,13 +120,17 @@ class LotkaVolterra(eqx.Module):
     def p(self) -> int:
         return self.r.shape[0]
 
+    def interactions(self, m: Float[Array, "... p"]) -> Float[Array, "... p"]:
+        """`B m` (any leading batch shape), in `O(p q)` when `B` is structured."""
+        return _interactions(self.B, self.B_diag, self.B_factor, m)
+
     def vector_field(self, m: Float[Array, " p"]) -> Float[Array, " p"]:
         """`dm/dt` at `m`, shape `(p,)`."""
-        return m * (self.r - self.B @ m - self.decay)
+        return m * (self.r - self.interactions(m) - self.decay)
 
     def loss(self, m: Float[Array, "... p"]) -> Float[Array, "..."]:
         """The loss at the diagonal state `m` (any leading batch shape)."""
-        quad = 0.5 * jnp.einsum("...k,kl,...l->...", m, self.B, m)
+        quad = 0.5 * jnp.sum(m * self.interactions(m), axis=-1)
         return self.loss_scale * (quad - m @ self.r) + self.loss_offset
 
     def fixed_point_isolated(self) -> Float[Array, " p"]:
@@ -90,27 +138,35 @@ class LotkaVolterra(eqx.Module):
         return (self.r - self.decay) / jnp.diag(self.B)
 
 
+def _interactions(B, B_diag, B_factor, m):
+    if B_diag is None:
+        return m @ B  # B is symmetric
+    d = B_diag.reshape((1,) * (jnp.ndim(m) - 1) + B_diag.shape)  # batch dims of m
+    return d * m + (m @ B_factor) @ B_factor.T
+
+
 def _log_field(t, y, args):
     # Module level (not a closure) so that diffrax's jit cache is hit on every call.
-    r, B, decay, y_max = args
+    r, B, B_diag, B_factor, decay, y_max = args
     m = jnp.exp(jnp.minimum(y, y_max))
-    return r - B @ m - decay
+    return r - _interactions(B, B_diag, B_factor, m) - decay
 
 
 _LOG_TERM = diffrax.ODETerm(_log_field)
 
 
 def _default_tolerances(dtype) -> tuple[float, float]:
+    """`(rtol, atol)` on `y = log m`. `rtol = 0`: a nonzero rtol would loosen the
+    control of tiny modes by `|log m|` (up to ~70), while `atol` is already a
+    relative error of `m` for large and tiny modes alike."""
     if jnp.dtype(dtype) == jnp.float64:
-        return 1e-9, 1e-9
-    # float32: both act on y = log m, so atol is a relative error of m and rtol
-    # scales with |log m| (up to ~70). An atol of 1e-6 sits at the roundoff of the
-    # field and of the implicit stages for a mode near m = 1 (log m = 0): the step
-    # size collapsed (max_steps reached on a quadratic-network system). Measured
-    # over three test systems from m0 = 1e-30, (rtol, atol) = (1e-6, 1e-5) gave
-    # 0.5e-4..2.3e-4 relative error in m at the step count of (1e-5, 1e-5), which
-    # gave 1e-4..1.4e-3.
-    return 1e-6, 1e-5
+        return 0.0, 1e-9
+    # float32: measured 3e-5..4e-5 relative error of m from m0 = 1e-30
+    return 0.0, 1e-5
+
+
+def _max_norm(x):
+    return jnp.max(jnp.abs(x))
 
 
 def solve_lv(
@@ -135,9 +191,15 @@ def solve_lv(
     too. The exponent is clipped before `exp` so that a rejected trial step cannot
     overflow; the clip is far above any reachable state (`m <= max(m*)`).
 
-    The system is stiff once modes switch on, so the default solver is the
-    L-stable implicit `diffrax.Kvaerno5` with a PID step-size controller on the
-    log-state (so `rtol`/`atol` bound the *relative* error of `m`). Gradients go
+    The system is stiff once modes switch on. The default solver is a Rosenbrock
+    method (`LVRosenbrock`, RODAS4: L-stable, one linear solve per stage with the
+    analytic Jacobian $-B\,\mathrm{diag}(m)$, no Newton iterations; `O(p q)` per
+    step when `B` is diagonal plus rank `q`, see `LotkaVolterra`), with a PID
+    step-size controller in the max norm on the log-state, so `atol` bounds the
+    *relative* error of every mode, tiny or not. On the 256-system benchmark of
+    `benchmarks/lv_vs_scipy.py` it ran ~7x faster than scipy's LSODA at equal
+    accuracy, and ~25x faster than `diffrax.Kvaerno5`; any diffrax solver can be
+    passed instead. Gradients go
     through `diffrax.RecursiveCheckpointAdjoint` (reverse-mode checkpointing):
     `BacksolveAdjoint` was measured here to give gradients about 100% off on this
     problem. For a few hyperparameters forward mode (`jax.jacfwd`) also works with
@@ -151,7 +213,7 @@ def solve_lv(
     - `t0`: the time at which `m = m0` (default 0; `None` means `ts[0]`).
     - `solver`, `rtol`, `atol`, `dt0`, `max_steps`, `adjoint`: diffrax options.
       Tolerances act on `log m` (so `atol` is a relative error of `m`) and
-      default to 1e-9 in float64 and (rtol, atol) = (1e-6, 1e-5) in float32.
+      default to `rtol = 0` with `atol` 1e-9 in float64 and 1e-5 in float32.
     - `throw`: raise if the solve fails (for example `max_steps` reached). With
       `throw=False` (for vmapped sweeps) a failed solve returns NaN everywhere, so
       it can never pass for a result.
@@ -173,7 +235,11 @@ def solve_lv(
     default_rtol, default_atol = _default_tolerances(dtype)
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
-    solver = diffrax.Kvaerno5() if solver is None else solver
+    if solver is None:
+        if lv.B_diag is not None:
+            solver = LVRosenbrock(diag=lv.B_diag, factor=lv.B_factor)
+        else:
+            solver = LVRosenbrock(B=lv.B)
     y_max = jnp.asarray(0.25 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
 
     if dt0 is None:
@@ -186,9 +252,9 @@ def solve_lv(
         t1=ts[-1],
         dt0=dt0,
         y0=jnp.log(m0),
-        args=(lv.r, lv.B, lv.decay, y_max),
+        args=(lv.r, lv.B, lv.B_diag, lv.B_factor, lv.decay, y_max),
         saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol, norm=_max_norm),
         max_steps=max_steps,
         adjoint=adjoint,
         throw=throw,

@@ -519,8 +519,8 @@ class PowerLawTask(Task):
         eta = positive("eta", jnp.asarray(eta, self.dtype))
         return LotkaVolterra(
             4.0 * eta * self.lam * self.mstar,
-            jnp.diag(4.0 * eta * self.lam),
-            2.0 * eta * jnp.asarray(weight_decay, self.dtype),
+            decay=2.0 * eta * jnp.asarray(weight_decay, self.dtype),
+            B_diag=4.0 * eta * self.lam,
             loss_scale=1.0 / (4.0 * eta),
             loss_offset=0.5 * self.y2,
         )
