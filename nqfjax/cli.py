@@ -1,12 +1,282 @@
-"""The `nqfjax` command (placeholder until the demo lands)."""
+"""The `nqfjax` command: a thin shell over the library.
+
+`nqfjax demo` calls `nqfjax.report.run_demo`; `nqfjax sweep` and `nqfjax fit` call
+`nqfjax.experiment` (`load_sweep_config` + `run_sweep_config`, and
+`fit_curve_file`). Bad input (a malformed config or CSV, a checkpoint from another
+configuration) ends with a one-line `nqfjax: error: ...` on stderr and exit
+status 2.
+"""
 
 import argparse
 import sys
+from pathlib import Path
+
+
+_DESCRIPTION = """\
+Simulate and analyse sudden learning and scaling laws with the neural quadratic
+form theory (W-space training, M-space flow, Lotka-Volterra reduction).
+Run `nqfjax COMMAND --help` for the options of each command; try
+`nqfjax demo` first."""
+
+_EPILOG = """\
+exit status: 0 on success, 2 for bad input (a one-line message on stderr),
+130 when interrupted (a sweep resumes where it stopped when rerun)."""
+
+_DEMO = """\
+Train a tanh perceptron with several outputs from a small initialisation
+(init scale about 1e-4), run the M-space flow and the Lotka-Volterra reduction
+beside it, and write to DIR: staircase.png (loss curves, predicted switch-on
+times, the singular-limit staircase), init_scale.png (switch-on times against
+ln(1/sigma) with the predicted slopes 2/r_k), power_law.png (thousands of modes,
+fitted and predicted exponents), structures.png (the structure matrix of each
+architecture), report.json (every number, the configuration and library
+versions) and report.md (a readable summary embedding the figures). About a
+minute on two CPU cores."""
+
+_SWEEP = """\
+Train the real network at every point of a grid of hyperparameters: the full
+product of init scales, learning rates, seeds, optimizers and architectures
+given in a TOML config file (read with tomllib), on Gaussian inputs labelled by
+a teacher of the same architecture. Each (optimizer, architecture) group is one
+compiled, vmapped nqfjax.sweep, checkpointed chunk by chunk to
+OUT/checkpoint/<optimizer>-<architecture>/: rerunning an interrupted sweep with
+the same config and --out loads the finished chunks and computes only the rest.
+
+config schema (sections and keys; see examples/sweep_small.toml, commented):
+  [data]    n_samples, teacher_units, teacher_scale, noise, seed
+  [train]   num_steps (required), width, num_records, batch_size,
+            weight_decay, model ("layer" | "quadratic"),
+            precision ("float32" | "float64")
+  [grid]    lists: init_scale (> 0, required), learning_rate (> 0, required),
+            seed (>= 0), optimizer ("gd" | "momentum" | "adam"),
+            architecture ("perceptron" | "quadratic" | "qk_attention" |
+            "ov_attention" | "moe" | "conv1d")
+  [architectures.NAME]  constructor arguments, e.g. d, k
+  [sweep]   chunk (grid points per compiled call and checkpoint file)
+Unknown keys and bad values are rejected, with the key named, before anything
+is written.
+
+outputs (in OUT, each written atomically once the whole grid is done):
+  results.npz      loss[optimizer, architecture, init_scale, learning_rate,
+                   seed, step], steps, and the grid axes
+  summary.json     the config, versions, chunk counts, and per run the
+                   initial and final loss and the step where the loss halved
+  loss_curves.png  the loss curves, one panel per group"""
+
+_FIT = """\
+Analyse a loss curve of your own: detect its plateaus and drops, fit a power
+law L = L_inf + c (t + t0)^-gamma on an automatically chosen window, and fit
+the power-law spectrum (alpha, beta) of the Lotka-Volterra model of
+independent modes that reproduces it, with the exponents the theory predicts
+from that spectrum.
+
+CSV format: a header line naming the columns, then one row per recorded step;
+blank lines and lines starting with # are ignored, other columns too. The time
+column (t, time or step, or --time-column) holds training steps: numbers >= 0,
+strictly increasing. The loss column (loss, or --loss-column) holds finite
+numbers >= 0. At least 10 rows. For example:
+
+  step,loss
+  0,0.52
+  10,0.518
+  ...
+
+A simulated example: examples/power_law_curve.csv.
+
+outputs (in OUT): fit.json (every fitted number) and fit.png (the curve with
+the plateaus, the power law and its window, and the spectrum model)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="nqfjax", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="the headline experiment: figures and a report",
+        description=_DEMO,
+        formatter_class=raw,
+    )
+    demo.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=Path("nqfjax-out"),
+        help="output directory (default: ./nqfjax-out)",
+    )
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller problem sizes, a few seconds (for tests and a first look)",
+    )
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="train over a grid of hyperparameters (TOML config), resumable",
+        description=_SWEEP,
+        formatter_class=raw,
+    )
+    sweep.add_argument(
+        "config", metavar="CONFIG.toml", type=Path, help="the sweep configuration"
+    )
+    sweep.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="output and checkpoint directory (default: "
+        "./nqfjax-out/sweep-<config name>); rerun with the same DIR to resume",
+    )
+    sweep.add_argument(
+        "--quiet", action="store_true", help="no progress bars or group lines"
+    )
+
+    fit = sub.add_parser(
+        "fit",
+        help="analyse a loss curve (CSV): plateaus, power law, spectrum",
+        description=_FIT,
+        formatter_class=raw,
+    )
+    fit.add_argument("curve", metavar="CURVE.csv", type=Path, help="the loss curve")
+    fit.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="output directory (default: ./nqfjax-out/fit-<csv name>)",
+    )
+    fit.add_argument(
+        "--time-column",
+        metavar="NAME",
+        help="header of the time column (default: the first of t, time, step)",
+    )
+    fit.add_argument(
+        "--loss-column",
+        metavar="NAME",
+        default="loss",
+        help="header of the loss column (default: loss)",
+    )
+    fit.add_argument(
+        "--modes",
+        metavar="P",
+        type=int,
+        default=200,
+        help="number of modes of the spectrum model (default: 200)",
+    )
+    fit.add_argument(
+        "--spectrum-method",
+        choices=("logistic", "solve_lv"),
+        default="logistic",
+        help="how the spectrum model's modes are computed: the closed-form "
+        "logistic curve (default, fast) or the ODE solver solve_lv (slow)",
+    )
+    fit.add_argument(
+        "--no-spectrum",
+        action="store_true",
+        help="skip the spectrum fit (plateaus and power law only)",
+    )
+    fit.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _demo(args) -> None:
+    from .report import run_demo
+
+    report = run_demo(args.out, quick=args.quick, progress=True)
+    print("nqfjax demo: prediction vs measurement")
+    fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
+    for check in report.get("checks", []):
+        print(
+            f"  {check['what']}: predicted {fmt(check['predicted'])}, measured "
+            f"{fmt(check['measured'])} (max error {check['max_rel_error']:.2%}, "
+            f"{'ok' if check['passed'] else 'OUTSIDE the tolerance'})"
+        )
+    print(f"  report:  {args.out / 'report.md'} (numbers: {args.out / 'report.json'})")
+
+
+def _sweep(args) -> None:
+    from .experiment import load_sweep_config, run_sweep_config
+
+    config = load_sweep_config(args.config)  # validated before anything is written
+    out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
+    summary = run_sweep_config(config, out, progress=not args.quiet)
+    chunks, files = summary["chunks"], summary["files"]
+    print(
+        f"nqfjax sweep: {len(summary['runs'])} runs; {chunks['computed']} chunks "
+        f"computed, {chunks['loaded']} loaded from the checkpoint"
+    )
+    for name in ("results", "summary", "figure"):
+        print(f"  {name + ':':9s}{files[name]}")
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _fit(args) -> None:
+    from .experiment import fit_curve_file
+
+    if args.modes < 1:
+        raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
+    out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
+    summary = fit_curve_file(
+        args.curve,
+        out,
+        time_column=args.time_column,
+        loss_column=args.loss_column,
+        modes=None if args.no_spectrum else args.modes,
+        spectrum_method=args.spectrum_method,
+        progress=not args.quiet,
+    )
+    print(f"nqfjax fit: {summary['n_points']} points from {args.curve}")
+    pl = summary["plateaus"]
+    print("  plateaus:  " + pl.get("error", str(pl.get("count"))))
+    law = summary["power_law"]
+    if "error" in law:
+        print(f"  power law: {law['error']}")
+    else:
+        lo, hi = law["window"]
+        print(
+            f"  power law: gamma = {_fmt(law['gamma'])} +- {_fmt(law['gamma_err'])} "
+            f"on t in [{lo:.3g}, {hi:.3g}]"
+        )
+    spec = summary.get("spectrum")
+    if spec is not None and "error" in spec:
+        print(f"  spectrum:  {spec['error']}")
+    elif spec is not None:
+        print(
+            f"  spectrum:  alpha = {_fmt(spec['alpha'])}, beta = {_fmt(spec['beta'])};"
+            f" predicted gamma = {_fmt(spec['gamma_rich'])} (rich), "
+            f"{_fmt(spec['gamma_lazy'])} (lazy)"
+        )
+    for name in ("summary", "figure"):
+        print(f"  {name + ':':9s}{summary['files'][name]}")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="nqfjax", description=__doc__)
-    parser.parse_args(argv)
+    """Run the `nqfjax` command.
+
+    **Arguments:**
+
+    - `argv`: the arguments without the program name (default `sys.argv[1:]`).
+
+    **Returns:** the exit status: 0 on success, 2 for bad input (after printing
+    `nqfjax: error: ...` on stderr), 130 when interrupted. `--help` and argparse's
+    own usage errors raise `SystemExit` (status 0 and 2) as usual.
+    """
+    args = _parser().parse_args(argv)
+    handler = {"demo": _demo, "sweep": _sweep, "fit": _fit}[args.command]
+    try:
+        handler(args)
+    except ValueError as e:
+        message = " ".join(str(e).split())
+        print(f"nqfjax: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        hint = "; rerun the same command to resume" if args.command == "sweep" else ""
+        print(f"nqfjax: interrupted{hint}", file=sys.stderr)
+        return 130
     return 0
 
 
