@@ -266,6 +266,9 @@ def main(argv=None) -> int:
     own usage errors raise `SystemExit` (status 0 and 2) as usual.
     """
     args = _parser().parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")  # the command only writes figures to files
     handler = {"demo": _demo, "sweep": _sweep, "fit": _fit}[args.command]
     try:
         handler(args)

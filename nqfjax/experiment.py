@@ -834,7 +834,7 @@ def analyse_curve(
     `matplotlib.figure.Figure` (the curve on log-log axes with the plateaus, the
     fitted power law and its window, and the fitted spectrum model).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)

@@ -7,13 +7,8 @@ returns the `matplotlib.figure.Figure`. They never call a solver themselves.
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib
-
-
-matplotlib.use("Agg", force=False)
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 _COLOURS = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import plots
 from .fit import fit_power_law

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 
 _MANIFEST = "manifest.json"

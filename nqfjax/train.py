@@ -99,10 +99,11 @@ def train(
     Minimises, with the given optax optimizer,
 
     $$\mathcal L(W) = \frac{1}{2 b} \sum_{s \in \text{batch}} \sum_j
-      \big(f_j(x_s; W) - f_j(x_s; 0) - y_{s,j}\big)^2 + \frac{\lambda}{2} |W|^2,$$
+      \big(f_j(x_s; W) - y_{s,j}\big)^2 + \frac{\lambda}{2} |W|^2,$$
 
     where `f` is either the real layer `structure.layer` (`model="layer"`) or its
-    quadratic form `nqf_apply` (`model="quadratic"`, for which `f(x; 0) = 0`).
+    quadratic model $f(x; 0) + \mathrm{Tr}[W W^\top A(x)]$ (`model="quadratic"`,
+    `nqf_apply` plus the layer's value at zero).
     Plain gradient descent (the default, `optax.sgd(learning_rate)`) takes steps
     $W \leftarrow W - \eta (2 G W + \lambda W)$ with $G = \partial L / \partial M$:
     the Euler discretisation with `dt = 1` of THEORY.md section 2's
@@ -112,11 +113,11 @@ def train(
     for decoupled decay).
 
     **The offset.** The layer's value at zero weights, `f(x; 0)` (for example the
-    mean value under a uniform softmax), is treated as an offset of the target:
-    the model that is fitted to `y` is `f(x; W) - f(x; 0)`, which is what the
-    quadratic form approximates (THEORY.md section 1). Equivalently, the real
-    layer is trained on the targets `y + f(x; 0)`. The offset is zero for
-    perceptrons, quadratic networks and the other additive layers.
+    mean value under a uniform softmax), is an offset of the target: the units
+    learn `y - f(x; 0)` (THEORY.md section 1), exactly as in
+    `task_from_samples(structure, xs, ys)`, so that the recorded loss is that
+    task's `loss(W W^T)` to leading order. The offset is zero for perceptrons,
+    quadratic networks and the other additive layers.
 
     **Minibatches.** With `batch_size = b < n`, each step uses `b` distinct
     samples drawn uniformly without replacement, independently at each step
@@ -365,16 +366,17 @@ def _train(
     # unchecked implementations so that no value check runs at every step.
     if model == "layer":
         apply = structure._layer
-        offsets = jax.vmap(structure._layer, in_axes=(None, 0))(
-            jnp.zeros((p, width), dtype), xs
-        )
+        targets = ys
     else:
 
         def apply(W, x):
             return jnp.einsum("im,kij,jm->k", W, structure._A(x), W)
 
-        offsets = jnp.zeros_like(ys)
-    targets = ys + offsets
+        # the quadratic model is f(x; 0) + Tr[W W^T A(x)]: its form learns y - f(x; 0)
+        offsets = jax.vmap(structure._layer, in_axes=(None, 0))(
+            jnp.zeros((p, width), dtype), xs
+        )
+        targets = ys - offsets
 
     def data_loss(W, xb, tb):
         f = jax.vmap(apply, in_axes=(None, 0))(W, xb)

@@ -148,9 +148,10 @@ def test_gd_real_tanh_layer_matches_numpy(getkey):
     np.testing.assert_allclose(res.M, M, rtol=1e-10, atol=1e-13)
 
 
-def test_layer_offset_is_subtracted(getkey):
-    """A layer with f(x; 0) != 0 is trained on y + f(x; 0): identical to training
-    the same layer minus its value at zero on y."""
+def test_layer_offset_is_an_offset_of_the_target(getkey):
+    """A layer with f(x; 0) != 0 learns y - f(x; 0): training it on y + offset is
+    identical to training the same layer without the offset on y, and its
+    quadratic model (f(x; 0) + Tr[W W^T A]) does the same."""
 
     class Shifted(nqfjax.Structure):
         base: nqfjax.QuadraticNet
@@ -173,11 +174,13 @@ def test_layer_offset_is_subtracted(getkey):
     xs, ys = _data(base, getkey(), 16)
     W0 = 0.2 * jr.normal(getkey(), (3, 2))
     kw = dict(num_steps=30, learning_rate=0.05, W0=W0, num_records=6)
-    a = nqfjax.train(Shifted(base), xs, ys, **kw)
+    offset = 3.0 + jnp.sum(xs, axis=1, keepdims=True)
     b = nqfjax.train(base, xs, ys, **kw)
-    # the offset cancels exactly in f(x; W) - f(x; 0); round-off of adding 3 + sum x
-    np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
-    np.testing.assert_allclose(a.M, b.M, rtol=1e-12)
+    for model in ("layer", "quadratic"):
+        a = nqfjax.train(Shifted(base), xs, ys + offset, model=model, **kw)
+        # the offset cancels exactly; round-off of adding 3 + sum x
+        np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
+        np.testing.assert_allclose(a.M, b.M, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------
