@@ -10,9 +10,14 @@ every mode of every system; 200 log-spaced outputs from `t = 1e-2` to `1e4`.
 Everyone integrates `y = log m` (so `atol` with `rtol = 0` bounds the relative
 error of `m`, for tiny and large modes alike):
 
-- nqfjax: `jax.vmap` of `solve_lv(lv, m0, ts, solver=LVRosenbrock(...))`
-  (Rodas4 with the analytic Jacobian; Woodbury solve for `B = diag + rank 1`);
-  also the default `Kvaerno5` for reference (on a subset: it is slow);
+- nqfjax: `jax.vmap` of `solve_lv(lv, m0, ts)` on the structured system
+  `LotkaVolterra(r, B_diag=d, B_factor=U)` (`B = diag(d) + U U^T`, rank 1), so
+  `solve_lv`'s defaults apply: the vector field in O(p q), `LVRosenbrock(diag=d,
+  factor=U)` (Rodas4 with the analytic Jacobian, Woodbury solves) and a PID
+  controller in the max norm over modes; for reference the same at
+  `solve_lv`'s default `atol = 1e-9` (timed once), and (on a subset: they are
+  slow) `solve_lv` on the dense `LotkaVolterra(r, B)` (dense field, dense LU)
+  and with `diffrax.Kvaerno5`;
 - scipy: `solve_ivp` looped over the systems, LSODA with the analytic Jacobian,
   and the best of RK45 / DOP853 (on a subset: they are very slow here).
 
@@ -59,17 +64,16 @@ from _common import (  # noqa: E402
     time_call,
 )
 
-from nqfjax._lv_solver import LVRosenbrock  # noqa: E402
-from nqfjax.lv import LotkaVolterra, solve_lv  # noqa: E402
+from nqfjax.lv import LotkaVolterra, _default_tolerances, solve_lv  # noqa: E402
 
 
 TARGET_RATIO = 5.0  # issue 7: nqfjax >= 5x faster than LSODA at equal accuracy
 ACCURACY = 1e-6  # ... where accuracy is the max relative error of m
 # Tolerance ladders (atol on log m, rtol = 0), loosest first.
-NQF_LADDER = (1e-6, 5e-7, 3e-7, 2e-7, 1.5e-7, 1e-7, 7e-8, 5e-8, 2e-8)
-MAX_NORM_LADDER = (3e-6, 2e-6, 1.5e-6, 1e-6, 7e-7, 5e-7, 3e-7, 2e-7)
+NQF_LADDER = (3e-6, 2e-6, 1.5e-6, 1e-6, 7e-7, 5e-7, 3e-7, 2e-7, 1e-7, 5e-8)
 SCIPY_LADDER = (1e-6, 3e-7, 1e-7, 3e-8, 1e-8, 3e-9, 1e-9, 3e-10, 1e-10)
 REF_ATOL = 1e-10
+DEFAULT_ATOL = _default_tolerances(jnp.float64)[1]  # solve_lv's (1e-9, rtol = 0)
 
 
 def problem(n_systems: int, p: int = 64, seed: int = 0):
@@ -85,54 +89,17 @@ def problem(n_systems: int, p: int = 64, seed: int = 0):
     return r, B, diag, factor, m0, ts
 
 
-def nqfjax_batch(r, B, ts, solver_fn):
-    """`jit(vmap(solve_lv))` over `m0`, with `atol` a traced argument (one compile
-    serves every tolerance). Returns `f(m0s, atol) -> (m, num_steps)`."""
-    lv = LotkaVolterra(jnp.asarray(r), jnp.asarray(B))
+def nqfjax_batch(lv, ts, solver=None):
+    """`jit(vmap(solve_lv))` over `m0` for the system `lv` (solver: `solve_lv`'s
+    default unless given), with `atol` a traced argument (one compile serves
+    every tolerance). Returns `f(m0s, atol) -> (m, num_steps)`."""
     ts = jnp.asarray(ts)
 
     def one(m0, atol):
-        solver = solver_fn()
         m, sol = solve_lv(
             lv, m0, ts, solver=solver, rtol=0.0, atol=atol, full_output=True
         )
         return m, sol.stats["num_steps"]
-
-    return jax.jit(jax.vmap(one, in_axes=(0, None)))
-
-
-def max_norm(x):
-    return jnp.max(jnp.abs(x))
-
-
-def structured_batch(r, diag, factor, ts):
-    """The solve `solve_lv` would do with the changes proposed in
-    `benchmarks/README.md` (not wired in yet): the vector field applies
-    `B = diag + U U^T` in O(p q) as the solver does, and the step-size controller
-    bounds the largest error of log m (max norm) instead of the RMS over modes."""
-    r, d, U, ts = (jnp.asarray(x) for x in (r, diag, factor, ts))
-    y_max = 0.25 * float(np.log(np.finfo(np.float64).max))
-
-    def field(t, y, args):
-        m = jnp.exp(jnp.minimum(y, y_max))
-        return r - d * m - U @ (U.T @ m)
-
-    def one(m0, atol):
-        scale = jnp.max(jnp.abs(r)) + jnp.max(d + jnp.sum(U**2, 1)) * jnp.max(m0)
-        sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(field),
-            LVRosenbrock(diag=d, factor=U),
-            t0=0.0,
-            t1=ts[-1],
-            dt0=1e-2 / scale,
-            y0=jnp.log(m0),
-            saveat=diffrax.SaveAt(ts=ts),
-            stepsize_controller=diffrax.PIDController(
-                rtol=0.0, atol=atol, norm=max_norm
-            ),
-            max_steps=100_000,
-        )
-        return jnp.exp(sol.ys), sol.stats["num_steps"]
 
     return jax.jit(jax.vmap(one, in_axes=(0, None)))
 
@@ -204,7 +171,8 @@ def main(argv=None) -> dict:
     # nqfjax: compile once per batch shape (atol is traced); a tight reference.
     m0_j = jnp.asarray(m0)
     compiles = {}
-    nqf = nqfjax_batch(r, B, ts, lambda: LVRosenbrock(diag=diag, factor=factor))
+    lv = LotkaVolterra(jnp.asarray(r), B_diag=jnp.asarray(diag), B_factor=factor)
+    nqf = nqfjax_batch(lv, ts)
     nqf_c, compiles["nqfjax"] = compile_jax(nqf, m0_j, 1e-7)
     nqf_cal_c = nqf_c if len(cal) == n else compile_jax(nqf, m0_j[cal], 1e-7)[0]
     t_ref, (ref_cal, ref_steps) = time_call(lambda: nqf_cal_c(m0_j[cal], REF_ATOL))
@@ -233,19 +201,9 @@ def main(argv=None) -> dict:
         "scipy LSODA": lambda: scipy_batch(r, B, m0, ts, "LSODA", tol["scipy LSODA"]),
     }
     notes = {
-        "nqfjax": "solve_lv + LVRosenbrock(diag, factor)",
+        "nqfjax": "solve_lv defaults, B = diag(d) + U U^T",
         "scipy LSODA": "solve_ivp, analytic Jacobian",
     }
-    if not quick:
-        name = "nqfjax proposed"
-        prop = structured_batch(r, diag, factor, ts)
-        prop_c, compiles[name] = compile_jax(prop, m0_j, 1e-7)
-        prop_cal_c, _ = compile_jax(prop, m0_j[cal], 1e-7)
-        tol[name], _, tried[name] = calibrate(
-            lambda a: prop_cal_c(m0_j[cal], a)[0], MAX_NORM_LADDER, ref_cal
-        )
-        runs[name] = lambda: prop_c(m0_j, tol[name])
-        notes[name] = "structured field + max-norm control (README)"
     for name in tried:
         print(f"  {name:16} {fmt(tried[name])}  -> {tol[name]:g}")
     # Warm-up: the nqfjax functions are compiled already, one call settles them;
@@ -265,10 +223,6 @@ def main(argv=None) -> dict:
         f"nqfjax steps per system: {steps.min()} - {steps.max()} "
         f"(under vmap every system runs {steps.max()})"
     )
-    if "nqfjax proposed" in runs:
-        m_prop, steps_p = prop_c(m0_j, tol["nqfjax proposed"])
-        err["nqfjax proposed"] = max_rel_err(np.asarray(m_prop)[cal], ref_cal)
-        print(f"nqfjax proposed: {int(np.max(steps_p))} steps under vmap")
     # LSODA at nqfjax's tolerance (same tolerance, rather than equal accuracy).
     same_tol_err = max_rel_err(
         scipy_batch(r, B, m0[cal], ts, "LSODA", tol["nqfjax"]), ref_cal
@@ -277,17 +231,25 @@ def main(argv=None) -> dict:
     # The slow ones, on a subset of `n_slow` systems, timed once, scaled to n.
     slow_rows = {}
     if not quick:
-        # LVRosenbrock with a dense LU (any B), and the Kvaerno5 default, both at
-        # nqfjax's tolerance.
-        for name, solver_fn in [
-            ("nqfjax dense LU", lambda: LVRosenbrock(B=jnp.asarray(B))),
-            ("nqfjax Kvaerno5", lambda: diffrax.Kvaerno5()),
+        # nqfjax at solve_lv's default tolerance (what a call without `atol`
+        # gets: far more accurate than this comparison needs), all systems, once.
+        name = "nqfjax default atol"
+        t_d, (m_d, steps_d) = time_call(lambda: nqf_c(m0_j, DEFAULT_ATOL))
+        slow_rows[name] = (t_d * n_slow / n, max_rel_err(np.asarray(m_d)[cal], ref_cal))
+        tol[name] = DEFAULT_ATOL
+        notes[name] = f"solve_lv defaults; {int(np.max(steps_d))} steps"
+        # solve_lv on the dense system (dense field, LVRosenbrock with a dense
+        # LU: any B) and with Kvaerno5, both at nqfjax's tolerance.
+        dense = LotkaVolterra(jnp.asarray(r), jnp.asarray(B))
+        for name, system, solver, note in [
+            ("nqfjax dense B", dense, None, "solve_lv(LotkaVolterra(r, B))"),
+            ("nqfjax Kvaerno5", lv, diffrax.Kvaerno5(), "solve_lv, Kvaerno5"),
         ]:
-            f = nqfjax_batch(r, B, ts, solver_fn)
+            f = nqfjax_batch(system, ts, solver)
             f_c, compiles[name] = compile_jax(f, m0_j[slow], 1e-7)
             t_f, (m_f, _) = time_call(lambda: f_c(m0_j[slow], tol["nqfjax"]))
             slow_rows[name] = (t_f, max_rel_err(m_f, ref_cal[:n_slow]))
-            notes[name] = f"solve_lv, same atol as nqfjax ({tol['nqfjax']:g})"
+            notes[name] = f"{note}, same atol as nqfjax ({tol['nqfjax']:g})"
         # Explicit scipy methods: calibrate on 2 systems, time on the subset.
         best = None
         for method in ("RK45", "DOP853"):
@@ -308,7 +270,10 @@ def main(argv=None) -> dict:
         for name, (t, e) in slow_rows.items():
             times[name] = [t * n / n_slow]
             err[name] = e
-            notes[name] += f"; {n_slow} systems timed once, x{n / n_slow:g}"
+            if name == "nqfjax default atol":
+                notes[name] += f"; {n} systems timed once"
+            else:
+                notes[name] += f"; {n_slow} systems timed once, x{n / n_slow:g}"
 
     print()
     for name, seconds in compiles.items():
@@ -323,8 +288,6 @@ def main(argv=None) -> dict:
         f"(LSODA at nqfjax's atol {tol['nqfjax']:g}: max rel err {same_tol_err:.1e})"
     )
     print(ratio_line("scipy LSODA", "nqfjax", times, target=TARGET_RATIO))
-    if "nqfjax proposed" in times:
-        print(ratio_line("scipy LSODA", "nqfjax proposed", times, target=TARGET_RATIO))
     for name in slow_rows:
         print(ratio_line(name, "nqfjax", times))
     if any(err[k] > ACCURACY for k in runs):

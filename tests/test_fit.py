@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,6 +7,7 @@ import pytest
 import scipy.linalg
 
 import nqfjax
+from nqfjax.fit import _spectrum_log_loss
 
 
 def _logistic_power_law_loss(ts, p, alpha, beta, eps, eta=0.25):
@@ -193,6 +196,95 @@ def test_fit_spectrum_exact_model_curve(wspace_curve):
     assert fit.rms < 1e-8
 
 
+def _spectrum(theta, p, method="logistic", n_modes=None):
+    """A `SpectrumFit` at `theta = (alpha, beta, log eps, log rate, log A)`."""
+    theta = jnp.asarray(theta, jnp.float64)
+    zero = jnp.asarray(0.0)
+    return nqfjax.SpectrumFit(
+        alpha=theta[0],
+        beta=theta[1],
+        alpha_err=zero,
+        beta_err=zero,
+        eps=jnp.exp(theta[2]),
+        rate=jnp.exp(theta[3]),
+        amplitude=jnp.exp(theta[4]),
+        gamma=0.0,
+        rms=zero,
+        p=p,
+        method=method,
+        n_modes=n_modes,
+    )
+
+
+LV_P, LV_ALPHA, LV_BETA, LV_EPS = 2000, 1.0, 0.5, 1e-16
+
+
+@pytest.fixture(scope="module")
+def long_spectrum_curve():
+    """The loss of `power_law_task(2000, 1, 0.5)` at learning rate 1/4 (so
+    `r_k = k^-1.5`, `B_kk = k^-1`, THEORY.md section 5) from `m0 = 1e-16`,
+    integrated by `solve_lv` (diagonal B: O(p) per step) up to t = 1e6, where
+    modes up to k ~ 900 have switched on: far beyond a 200-mode model."""
+    ts = np.geomspace(1.0, 1e6, 100)
+    lv = nqfjax.power_law_task(LV_P, LV_ALPHA, LV_BETA).lotka_volterra(0.25)
+    m = np.asarray(nqfjax.solve_lv(lv, jnp.full(LV_P, LV_EPS), jnp.asarray(ts)))
+    k = np.arange(1, LV_P + 1, dtype=np.float64)
+    # the loss as a sum of positive terms (lv.loss subtracts large numbers)
+    loss = 0.5 * np.sum(k**-LV_ALPHA * (k**-LV_BETA - m) ** 2, axis=1)
+    return ts, loss
+
+
+def test_fit_spectrum_tail_recovers_long_spectrum(long_spectrum_curve):
+    ts, loss = long_spectrum_curve
+    truth = np.array([LV_ALPHA, LV_BETA, np.log(LV_EPS), 0.0, 0.0])  # r_1 = A = 1
+    # The model at the truth: 200 explicit modes plus the continuum tail of the
+    # other 1800 reproduces the 2000-mode solve_lv curve; the sharp-switch tail
+    # is first-order accurate in the switch-on width (measured max 1.0% of log L,
+    # where the front crosses k = p; 9% without the shift of the switch-on time).
+    model = np.asarray(_spectrum(truth, 200, n_modes=LV_P).loss(ts))
+    np.testing.assert_allclose(np.log(model), np.log(loss), rtol=0, atol=0.015)
+
+    fit = nqfjax.fit_spectrum(ts, loss, p=200, n_modes=LV_P, method="logistic")
+    assert fit.n_modes == LV_P
+    # Both exponents within 2% (measured: 3e-5 and 3e-4 relative; without the
+    # tail, p = 200 gave alpha ~ 1.9-2.6, beta ~ 0.04-0.2); rate and amplitude
+    # (both 1) likewise (measured 0.3% and 0.01%).
+    np.testing.assert_allclose(
+        [fit.alpha, fit.beta, fit.rate, fit.amplitude],
+        [LV_ALPHA, LV_BETA, 1.0, 1.0],
+        rtol=0.02,
+    )
+    assert fit.rms < 3e-3  # measured 1.0e-3, the tail's approximation error
+    # The solve_lv path carries the same tail: the fitted model evaluated through
+    # solve_lv (200 vmapped solves, atol 1e-9 on log m) equals the closed form.
+    through_lv = np.asarray(dataclasses.replace(fit, method="solve_lv").loss(ts))
+    np.testing.assert_allclose(through_lv, np.asarray(fit.loss(ts)), rtol=1e-7)
+
+
+def test_fit_spectrum_logistic_log_loss_does_not_underflow():
+    # Four modes with r_k = k^-1.5, all learned by t = 1e4: each gap is
+    # ~ e^{-r_k t} <= e^{-1250}, so the loss (~ e^{-2500}) underflows to 0 in
+    # float64 and its log used to be -inf (a failed start). The log-sum-exp
+    # form stays finite and exact: the slowest mode (k = 4) dominates the
+    # others by e^{-2 (r_3 - r_4) t} < e^{-1300}, so log L is its log term,
+    # log(lam/2) + 2 (log m* + log(m*/eps - 1) - r t), up to e^{-1250}.
+    p, eps, ts = 4, 1e-8, np.array([1e4, 3e4, 1e5])
+    theta = jnp.array([LV_ALPHA, LV_BETA, np.log(eps), 0.0, 0.0])
+    direct, _ = _logistic_power_law_loss(ts, p, LV_ALPHA, LV_BETA, eps)
+    assert np.all(direct == 0)  # the direct sum underflows
+    log_loss = jax.jit(
+        lambda th: _spectrum_log_loss(th, jnp.asarray(ts), p, "logistic", None, p)
+    )
+    lam, mstar, r = p**-LV_ALPHA, p**-LV_BETA, p ** -(LV_ALPHA + LV_BETA)
+    expected = np.log(lam / 2) + 2 * (np.log(mstar) + np.log(mstar / eps - 1) - r * ts)
+    np.testing.assert_allclose(log_loss(theta), expected, rtol=1e-12)
+    # and its Jacobian (what Adam and Levenberg-Marquardt use) is finite, with
+    # d log L / d log rate = -2 r t from the dominant mode
+    J = jax.jacfwd(log_loss)(theta)
+    assert np.all(np.isfinite(J))
+    np.testing.assert_allclose(J[:, 3], -2 * r * ts, rtol=1e-9)
+
+
 def test_fit_spectrum_errors():
     ts = np.geomspace(1.0, 1e4, 50)
     with pytest.raises(ValueError, match="`p`"):
@@ -203,3 +295,7 @@ def test_fit_spectrum_errors():
         nqfjax.fit_spectrum(ts[:5], 1 / ts[:5], p=4)
     with pytest.raises(ValueError, match="starts"):
         nqfjax.fit_spectrum(ts, 1 / ts, p=4, starts=np.ones((2, 4)))
+    with pytest.raises(ValueError, match="n_modes"):
+        nqfjax.fit_spectrum(ts, 1 / ts, p=4, n_modes=3)
+    with pytest.raises(ValueError, match="n_modes"):
+        nqfjax.fit_spectrum(ts, 1 / ts, p=4, n_modes=10.5)
