@@ -165,6 +165,15 @@ def _parser() -> argparse.ArgumentParser:
         help="number of modes of the spectrum model (default: 200)",
     )
     fit.add_argument(
+        "--total-modes",
+        metavar="N",
+        type=float,
+        default=float("inf"),
+        help="total number of modes of the spectrum behind the curve; the model's "
+        "modes beyond --modes are kept as a continuum tail (default: inf, an "
+        "unbounded power-law spectrum)",
+    )
+    fit.add_argument(
         "--spectrum-method",
         choices=("logistic", "solve_lv"),
         default="logistic",
@@ -193,6 +202,10 @@ def _demo(args) -> None:
             f"{'ok' if check['passed'] else 'OUTSIDE the tolerance'})"
         )
     print(f"  report:  {args.out / 'report.md'} (numbers: {args.out / 'report.json'})")
+    if not report["passed"]:
+        print("nqfjax: error: a prediction missed its tolerance", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _sweep(args) -> None:
@@ -226,6 +239,7 @@ def _fit(args) -> None:
         time_column=args.time_column,
         loss_column=args.loss_column,
         modes=None if args.no_spectrum else args.modes,
+        total_modes=args.total_modes,
         spectrum_method=args.spectrum_method,
         progress=not args.quiet,
     )
@@ -271,7 +285,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")  # the command only writes figures to files
     handler = {"demo": _demo, "sweep": _sweep, "fit": _fit}[args.command]
     try:
-        handler(args)
+        status = handler(args)
     except ValueError as e:
         message = " ".join(str(e).split())
         print(f"nqfjax: error: {message}", file=sys.stderr)
@@ -280,7 +294,7 @@ def main(argv=None) -> int:
         hint = "; rerun the same command to resume" if args.command == "sweep" else ""
         print(f"nqfjax: interrupted{hint}", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

@@ -802,6 +802,7 @@ def analyse_curve(
     loss,
     *,
     modes: int | None = 200,
+    total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
     progress: bool = False,
 ):
@@ -826,6 +827,9 @@ def analyse_curve(
 
     - `ts`, `loss`: the curve, 1-D, times strictly increasing and `>= 0`.
     - `modes`: number of modes of the spectrum model (`None`: skip it).
+    - `total_modes`: the number of modes of the spectrum behind the curve; those
+      beyond `modes` enter the model as a continuum tail (`fit_spectrum`'s
+      `n_modes`; default `inf`, an unbounded power-law spectrum).
     - `spectrum_method`: `"logistic"` (closed form, fast) or `"solve_lv"`
       (through the ODE solver, slow).
     - `progress`: show a progress bar over the three analyses.
@@ -875,7 +879,13 @@ def analyse_curve(
                         "rms_log": float(fit.rms),
                     }
                 else:
-                    spec = fit_spectrum(ts, loss, p=modes, method=spectrum_method)
+                    spec = fit_spectrum(
+                        ts,
+                        loss,
+                        p=modes,
+                        n_modes=max(total_modes, modes),
+                        method=spectrum_method,
+                    )
                     curves["spectrum"] = spec
                     a, b = float(spec.alpha), float(spec.beta)
                     try:
@@ -971,6 +981,7 @@ def fit_curve_file(
     time_column: str | None = None,
     loss_column: str = "loss",
     modes: int | None = 200,
+    total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -982,7 +993,7 @@ def fit_curve_file(
 
     - `path`: the CSV file; `time_column`, `loss_column`: as `read_curve_csv`.
     - `out_dir`: the output directory (created if needed).
-    - `modes`, `spectrum_method`, `progress`: as `analyse_curve`.
+    - `modes`, `total_modes`, `spectrum_method`, `progress`: as `analyse_curve`.
 
     **Returns:** the summary (the content of `fit.json`), with `files` mapping
     `summary` and `figure` to their paths.
@@ -1004,6 +1015,7 @@ def fit_curve_file(
         curve.ts,
         curve.loss,
         modes=modes,
+        total_modes=total_modes,
         spectrum_method=spectrum_method,
         progress=progress,
     )
