@@ -5,9 +5,46 @@ The public API is exactly what this module re-exports.
 
 import importlib.metadata
 
-# structures and the quadratic form (THEORY.md section 1)
-from .autodiff import structure_from_layer as structure_from_layer
+from .autodiff import (
+    AutodiffStructureMatrix as AutodiffStructureMatrix,
+    structure_from_layer as structure_from_layer,
+)
+from .fit import (
+    PowerLawFit as PowerLawFit,
+    SpectrumFit as SpectrumFit,
+    fit_power_law as fit_power_law,
+    fit_spectrum as fit_spectrum,
+)
+from .lv import (
+    LotkaVolterra as LotkaVolterra,
+    NotReducibleError as NotReducibleError,
+    lv_reduce as lv_reduce,
+    solve_lv as solve_lv,
+)
+from .methods import (
+    DelayResult as DelayResult,
+    DelayScaling as DelayScaling,
+    Method as Method,
+    MethodReport as MethodReport,
+    clock as clock,
+    compare_methods as compare_methods,
+    delay_scaling as delay_scaling,
+    delayed_generalisation as delayed_generalisation,
+    generalisation_delay as generalisation_delay,
+    invert_clock as invert_clock,
+    solve_lv_schedule as solve_lv_schedule,
+    solve_mflow_schedule as solve_mflow_schedule,
+    switch_times_from_curves as switch_times_from_curves,
+    train_method as train_method,
+)
+from .mflow import solve_mflow as solve_mflow
 from .model import nqf_apply as nqf_apply
+from .spectra import (
+    WeightSpectrum as WeightSpectrum,
+    marchenko_pastur_density as marchenko_pastur_density,
+    marchenko_pastur_edges as marchenko_pastur_edges,
+    weight_spectrum as weight_spectrum,
+)
 from .structures import (
     Conv1D as Conv1D,
     MixtureOfExperts as MixtureOfExperts,
@@ -17,15 +54,11 @@ from .structures import (
     QuadraticNet as QuadraticNet,
     Structure as Structure,
 )
-
-# tasks and the three engines (sections 2-3)
-from .lv import (
-    LotkaVolterra as LotkaVolterra,
-    NotReducibleError as NotReducibleError,
-    lv_reduce as lv_reduce,
-    solve_lv as solve_lv,
+from .sweep import (
+    SweepResult as SweepResult,
+    grid_product as grid_product,
+    sweep as sweep,
 )
-from .mflow import solve_mflow as solve_mflow
 from .tasks import (
     Task as Task,
     gaussian_perceptron_task as gaussian_perceptron_task,
@@ -33,21 +66,18 @@ from .tasks import (
     power_law_task as power_law_task,
     task_from_samples as task_from_samples,
 )
-from .train import TrainResult as TrainResult, train as train
-
-# theory (sections 4-5)
 from .theory import (
+    NNQPSolution as NNQPSolution,
+    Plateaus as Plateaus,
     Staircase as Staircase,
     detect_plateaus as detect_plateaus,
+    nnqp as nnqp,
     power_law_exponent as power_law_exponent,
     sharp_switch_loss as sharp_switch_loss,
     singular_limit as singular_limit,
     switch_on_times as switch_on_times,
 )
-
-# fitting and sweeps
-from .fit import fit_power_law as fit_power_law, fit_spectrum as fit_spectrum
-from .sweep import sweep as sweep
+from .train import TrainResult as TrainResult, train as train
 
 
 try:
