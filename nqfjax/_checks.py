@@ -49,7 +49,9 @@ def positive(name: str, x):
     if is_concrete(x):
         xn = np.asarray(x)
         if not np.all(np.isfinite(xn) & (xn > 0)):
-            raise ValueError(msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}.")
+            raise ValueError(
+                msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}."
+            )
         return x
     return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x > 0)), msg)
 
@@ -61,7 +63,9 @@ def nonnegative(name: str, x):
     if is_concrete(x):
         xn = np.asarray(x)
         if not np.all(np.isfinite(xn) & (xn >= 0)):
-            raise ValueError(msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}.")
+            raise ValueError(
+                msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}."
+            )
         return x
     return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg)
 
