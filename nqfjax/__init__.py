@@ -9,6 +9,15 @@ from .autodiff import (
     AutodiffStructureMatrix as AutodiffStructureMatrix,
     structure_from_layer as structure_from_layer,
 )
+from .capacity import (
+    ConvergedSolution as ConvergedSolution,
+    FiniteDataMap as FiniteDataMap,
+    WidthProfile as WidthProfile,
+    converged_solution as converged_solution,
+    excess_loss_by_width as excess_loss_by_width,
+    finite_data_map as finite_data_map,
+    minimum_width as minimum_width,
+)
 from .fit import (
     PowerLawFit as PowerLawFit,
     SpectrumFit as SpectrumFit,
