@@ -239,6 +239,25 @@ def _combine(coeffs, ks):
     return out
 
 
+def _lu_solver(A):
+    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), whose
+    derivatives reuse the factors: `jax.lax.custom_linear_solve` differentiates the
+    solve implicitly (`dx = A^{-1}(db - dA x)`) instead of differentiating
+    `lu_factor`, whose JVP cost ~35x the solve (benchmarks/README.md,
+    `gradients.py`)."""
+    lu = jsl.lu_factor(jax.lax.stop_gradient(A))
+
+    def solve(b):
+        return jax.lax.custom_linear_solve(
+            lambda x: A @ x,
+            b,
+            solve=lambda _, x: jsl.lu_solve(lu, x),
+            transpose_solve=lambda _, x: jsl.lu_solve(lu, x, trans=1),
+        )
+
+    return solve
+
+
 def exponent_clip(dtype) -> float:
     """The largest exponent let through `exp`: a quarter of the log of the largest
     float (177 in float64, 22 in float32), as in `solve_lv`, so that a rejected
@@ -412,15 +431,15 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         if self.mode == "generic":
             jac = jax.jacfwd(lambda y: f(t0, y))(y0).astype(dtype)
             _, ft = jax.jvp(lambda t: f(t, y0), (t0,), (jnp.ones_like(t0),))
-            lu = jsl.lu_factor(eye - gh * jac)
-            return (lambda b: jsl.lu_solve(lu, gh * b)), ft.astype(dtype)
+            solve = _lu_solver(eye - gh * jac)
+            return (lambda b: solve(gh * b)), ft.astype(dtype)
         y_max = exponent_clip(dtype) if self.y_max is None else self.y_max
         m = jnp.exp(jnp.minimum(y0, y_max))
         # W = I - gh J = I + g B diag(m), with g = sign * gh.
         g = sign * gh
         if self.mode == "dense":
-            lu = jsl.lu_factor(eye + g * self.B.astype(dtype) * m[None, :])
-            return (lambda b: jsl.lu_solve(lu, gh * b)), None
+            solve = _lu_solver(eye + g * self.B.astype(dtype) * m[None, :])
+            return (lambda b: solve(gh * b)), None
         # W = A + g U (M U)^T with A = I + g diag(d m) diagonal. Woodbury:
         # W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1, with the capacitance
         # S = I + g U^T diag(m / A) U (symmetric positive definite when g > 0, d >= 0).
@@ -434,8 +453,7 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         if q == 1:
             solve_small = lambda v: v / S[0, 0]
         else:
-            lu_S = jsl.lu_factor(S)
-            solve_small = lambda v: jsl.lu_solve(lu_S, v)
+            solve_small = _lu_solver(S)
 
         def solve(b):
             z = gh * b / a

@@ -149,17 +149,22 @@ def test_float32_from_1e_30():
     assert np.all(np.asarray(m)[-1] > 0.1)
 
 
-def test_gradient_matches_finite_differences():
-    """d/dr of the loss during the switch-ons, reverse mode through
-    `RecursiveCheckpointAdjoint`, against central differences."""
+@pytest.mark.parametrize("mode", ["dense", "diag_low_rank", "generic"])
+def test_gradient_matches_finite_differences(mode):
+    """d/dr and d/d(scale of B) of the loss during the switch-ons, reverse mode
+    through `RecursiveCheckpointAdjoint`, against central differences, for each
+    linear algebra (the LU solves are differentiated implicitly, with
+    `custom_linear_solve`; the scale of `B` enters the matrix that is factorised)."""
     r, B, d, U = _interactions(3)
     m0 = jnp.array([1e-6, 1e-5, 1e-4])
     ts = jnp.array([5.0, 20.0, 40.0])
-    solver = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U))
 
     @jax.jit
-    def loss(r_):
-        lv = LotkaVolterra(r_, jnp.asarray(B))
+    def loss(theta):
+        r_, s = theta[:3], theta[3]
+        B_ = s * jnp.asarray(B)
+        solver = _solvers(B_, s * jnp.asarray(d), jnp.sqrt(s) * jnp.asarray(U))[mode]
+        lv = LotkaVolterra(r_, B_)
         m = solve_lv(
             lv,
             m0,
@@ -172,17 +177,17 @@ def test_gradient_matches_finite_differences():
         )
         return jnp.sum(lv.loss(m))
 
-    r = jnp.asarray(r)
-    grad = jax.grad(loss)(r)
+    theta = jnp.concatenate([jnp.asarray(r), jnp.ones(1)])
+    grad = jax.grad(loss)(theta)
     eps = 1e-5
     fd = np.array(
         [
-            (loss(r.at[i].add(eps)) - loss(r.at[i].add(-eps))) / (2 * eps)
-            for i in range(3)
+            (loss(theta.at[i].add(eps)) - loss(theta.at[i].add(-eps))) / (2 * eps)
+            for i in range(4)
         ]
     )
     # Central differences: truncation ~eps^2 ~ 1e-10 relative. Measured agreement
-    # ~1e-9; 1e-7 leaves room for the adaptive step sizes, which move with r.
+    # ~1e-9; 1e-7 leaves room for the adaptive step sizes, which move with theta.
     np.testing.assert_allclose(np.asarray(grad), fd, rtol=1e-7)
     assert np.all(np.abs(fd) > 1.0)  # a real dependence, not zero
 
