@@ -370,7 +370,10 @@ def run_demo(
         task = task_from_samples(structure, xs, ys)
         lv, basis = lv_reduce(task, cfg.learning_rate)
         basis = np.asarray(basis)
-        learn = np.flatnonzero(np.asarray(lv.r) > 0)
+        # the modes that grow: r above roundoff (the teacher's null directions
+        # have r = 0 up to ~1e-35, of either sign)
+        r = np.asarray(lv.r)
+        learn = np.flatnonzero(r > 1e-8 * np.abs(r).max())
         record = np.unique(np.linspace(0, cfg.steps, cfg.num_records).astype(int))
         res, L_m, m_lv, m0 = _engines(cfg, structure, xs, ys, lv, basis, record)
         L_w, L_lv = np.asarray(res.loss), np.asarray(lv.loss(jnp.asarray(m_lv)))

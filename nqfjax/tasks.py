@@ -293,22 +293,21 @@ def gaussian_perceptron_task(
 # Tasks from samples
 
 
-def _default_batch_size(n: int, k: int, p: int) -> int:
-    # Keep one chunk of structure matrices (b, k, p, p) near 2^21 numbers.
-    return int(max(1, min(n, 2**21 // max(1, k * p * p))))
+def _default_batch_size(n: int, structure: Structure) -> int:
+    # Keep what one chunk of samples holds (for most structures the matrices
+    # A(x_s), (b, k, p, p)) near 2^21 numbers.
+    return int(max(1, min(n, 2**21 // max(1, structure._sample_size()))))
 
 
 def _chunked_sum(structure, xs, aux, coef, batch_size):
-    r"""$\frac1n\sum_s\sum_j c_{sj} A_j(x_s)$ with `c_s = coef(A(x_s), aux_s)`,
-    recomputing `A` in chunks of `batch_size` samples (a `lax.scan` over full
-    chunks, then the remainder)."""
+    r"""$\frac1n\sum_s\sum_j c_{sj} A_j(x_s)$ with `c = coef(x_b, aux_b)` (shape
+    `(b, k)`) for each chunk of `batch_size` samples (a `lax.scan` over full
+    chunks, then the remainder), through the structure's `_weighted_sum`."""
     p, n, b = structure.p, xs.shape[0], batch_size
-    dtype = xs.dtype
+    dtype = aux.dtype
 
     def block(xb, ab):
-        A = jax.vmap(structure._A)(xb).astype(dtype)  # (b, k, p, p)
-        c = jax.vmap(coef)(A, ab)  # (b, k)
-        return jnp.einsum("bk,bkij->ij", c, A)
+        return structure._weighted_sum(xb, coef(xb, ab).astype(dtype))
 
     total = jnp.zeros((p, p), dtype)
     nb = n // b
@@ -331,15 +330,15 @@ def _chunked_sum(structure, xs, aux, coef, batch_size):
 
 @eqx.filter_jit
 def _sampled_C(structure, xs, targets, batch_size):
-    return _chunked_sum(structure, xs, targets, lambda A, t: t, batch_size)
+    return _chunked_sum(structure, xs, targets, lambda xb, t: t, batch_size)
 
 
 @eqx.filter_jit
 def _sampled_K(structure, xs, X, batch_size):
-    Xs = _sym(X)
+    Xs = _sym(X).astype(xs.dtype)
     dummy = jnp.zeros((xs.shape[0], 0), xs.dtype)
     return _chunked_sum(
-        structure, xs, dummy, lambda A, _: jnp.einsum("kij,ij->k", A, Xs), batch_size
+        structure, xs, dummy, lambda xb, _: structure._contract(xb, Xs), batch_size
     )
 
 
@@ -359,7 +358,10 @@ class SampledTask(Task):
     with targets $\tilde y_s = y_s - f(x_s; 0)$ (`offsets`, the layer at zero
     weights; zero for perceptrons and quadratic networks). `K` recomputes
     `A(x_s)` in chunks of `batch_size` samples, so memory is
-    `O(batch_size k p^2)` and nothing of size `p^4` or `n k p^2` is stored.
+    `O(batch_size k p^2)` and nothing of size `p^4` or `n k p^2` is stored; for the
+    perceptron, whose `A_j(x)` are sparse, the structure contracts the samples
+    directly (`O(n k (k + d))` per application of `K`) without building any
+    `A(x_s)`.
 
     `loss(M)` is the empirical squared loss of the quadratic model including its
     offset, $\frac1{2n}\sum_s |f(x_s; 0) + \mathrm{Tr}[M A(x_s)] - y_s|^2$.
@@ -448,7 +450,7 @@ def task_from_samples(
         raise ValueError(
             f"`xs` must have shape (n, *input_shape) = (n, *{shape}), got {xs.shape}."
         )
-    n, k, p = xs.shape[0], structure.k, structure.p
+    n, k = xs.shape[0], structure.k
     if n < 1:
         raise ValueError("`xs` must hold at least one sample.")
     if ys.ndim == 1 and k == 1:
@@ -462,7 +464,7 @@ def task_from_samples(
     else:
         offsets = jnp.zeros_like(ys)
     if batch_size is None:
-        batch_size = _default_batch_size(n, k, p)
+        batch_size = _default_batch_size(n, structure)
     elif int(batch_size) < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     return SampledTask(structure, xs, ys, offsets, int(min(batch_size, n)))

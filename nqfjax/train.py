@@ -365,12 +365,17 @@ def _train(
     # The checked public methods were applied once above; the loop calls the
     # unchecked implementations so that no value check runs at every step.
     if model == "layer":
-        apply = structure._layer
+
+        def predict(W, xb):
+            return jax.vmap(structure._layer, in_axes=(None, 0))(W, xb)
+
         targets = ys
     else:
 
-        def apply(W, x):
-            return jnp.einsum("im,kij,jm->k", W, structure._A(x), W)
+        def predict(W, xb):
+            # Tr[W W^T A_j(x_s)] for the batch, through the structure's contraction
+            # (closed form for the perceptron: no A(x) is built)
+            return structure._contract(xb, W @ W.T)
 
         # the quadratic model is f(x; 0) + Tr[W W^T A(x)]: its form learns y - f(x; 0)
         offsets = jax.vmap(structure._layer, in_axes=(None, 0))(
@@ -379,7 +384,7 @@ def _train(
         targets = ys - offsets
 
     def data_loss(W, xb, tb):
-        f = jax.vmap(apply, in_axes=(None, 0))(W, xb)
+        f = predict(W, xb)
         return 0.5 * jnp.mean(jnp.sum((f - tb) ** 2, axis=-1))
 
     def objective(W, xb, tb):

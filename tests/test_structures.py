@@ -105,6 +105,33 @@ def test_A_symmetric(structure, getkey):
 
 
 @parametrize_structures
+def test_batch_contractions_match_A(structure, getkey):
+    """The batch hooks that sampled tasks and the quadratic model use instead of
+    `A` (closed forms for the perceptron, dense defaults elsewhere):
+    `_contract(xs, X)_sj = Tr[A_j(x_s) X]` for symmetric `X`, and
+    `_weighted_sum(xs, c) = sum_sj c_sj A_j(x_s)`, against the stacked `A`."""
+    b = 5
+    xs = jnp.stack([random_input(structure, getkey()) for _ in range(b)])
+    A = jnp.stack([jit_A(structure, x) for x in xs])  # (b, k, p, p)
+    X = jax.random.normal(getkey(), (structure.p, structure.p))
+    X = X + X.T
+    c = jax.random.normal(getkey(), (b, structure.k))
+    # the same sums in another order: float64 roundoff only
+    np.testing.assert_allclose(
+        structure._contract(xs, X),
+        jnp.einsum("bkij,ij->bk", A, X),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    np.testing.assert_allclose(
+        structure._weighted_sum(xs, c),
+        jnp.einsum("bk,bkij->ij", c, A),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+
+
+@parametrize_structures
 def test_additive_sum_of_units(structure, getkey):
     x = random_input(structure, getkey())
     W = _weights(structure, getkey(), scale=0.7)

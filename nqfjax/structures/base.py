@@ -3,6 +3,7 @@
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -20,7 +21,11 @@ class Structure(eqx.Module):
     with `W` of shape `(p, m)` holding one unit per column (THEORY.md section 1).
 
     Concrete structures implement `_A`, `_unit` and `_layer` for one input; the
-    public `A`, `unit` and `layer` check shapes and values first.
+    public `A`, `unit` and `layer` check shapes and values first. Sampled tasks
+    (`task_from_samples`) reach `A` only through `_contract` and `_weighted_sum`
+    over a batch of inputs; their defaults build every `A(x_s)`, and a structure
+    whose `A` is sparse or low-rank overrides them (with `_sample_size`, the
+    numbers held per sample) so that `K` costs less than `O(n k p^2)`.
 
     **Attributes:**
 
@@ -65,6 +70,23 @@ class Structure(eqx.Module):
 
     @abc.abstractmethod
     def _layer(self, W, x) -> Float[Array, " k"]: ...
+
+    def _contract(self, xs, X) -> Float[Array, "b k"]:
+        """`Tr[A_j(x_s) X]` for a batch `xs` (shape `(b, *input_shape)`) and a
+        symmetric `X` (shape `(p, p)`)."""
+        A = jax.vmap(self._A)(xs).astype(X.dtype)
+        return jnp.einsum("bkij,ij->bk", A, X)
+
+    def _weighted_sum(self, xs, c) -> Float[Array, "p p"]:
+        """`sum_s sum_j c_sj A_j(x_s)` for a batch `xs` and weights `c` (shape
+        `(b, k)`)."""
+        A = jax.vmap(self._A)(xs).astype(c.dtype)
+        return jnp.einsum("bk,bkij->ij", c, A)
+
+    def _sample_size(self) -> int:
+        """Numbers that `_contract` and `_weighted_sum` hold per sample (sets the
+        default chunk of samples in `task_from_samples`)."""
+        return self.k * self.p * self.p
 
     def _check_x(self, x):
         check_shape("x", x, self.input_shape)
