@@ -15,6 +15,8 @@ after round, so that a slow spell of a shared machine hits all of them alike;
 results are blocked on (`jax.block_until_ready`) before the clock stops.
 """
 
+import argparse
+import json
 import os
 import platform
 import statistics
@@ -143,3 +145,37 @@ def machine() -> str:
     except OSError:  # pragma: no cover
         pass
     return ", ".join(parts)
+
+
+def make_parser(
+    doc: str,
+    *,
+    quick_help: str = "small smoke run",
+    toggles: tuple[tuple[str, str], ...] = (),
+) -> argparse.ArgumentParser:
+    """The command line every script shares: `--quick`, `--repeats N`,
+    `--json PATH`, and each `(flag, help)` of `toggles` as an on/off switch
+    (`--flag` / `--no-flag`, default: on unless `--quick`; read it with
+    `enabled`). The description is the first line of `doc`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--json", default=None, help="write the results here")
+    for flag, help_ in toggles:
+        parser.add_argument(
+            f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=help_
+        )
+    return parser
+
+
+def enabled(args: argparse.Namespace, flag: str) -> bool:
+    """A toggle of `make_parser`: as given, else on unless `--quick`."""
+    value = getattr(args, flag.replace("-", "_"))
+    return (not args.quick) if value is None else bool(value)
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """Write `result` to `path` (nothing when `path` is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1, default=float)

@@ -36,8 +36,6 @@ benchmarks/README.md.
     python benchmarks/gradients.py --quick   # smoke test (p = 8)
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -60,11 +58,14 @@ from _common import (  # noqa: E402
     alternate,
     compile_jax,
     compile_line,
+    enabled,
     fmt_seconds,
     machine,
+    make_parser,
     ratio,
     ratio_line,
     table,
+    write_json,
 )
 
 import nqfjax  # noqa: E402
@@ -132,27 +133,21 @@ def error(g, ref) -> float:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument(
-        "--forward",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time forward mode (default: on, off with --quick)",
+    parser = make_parser(
+        __doc__,
+        toggles=(
+            ("forward", "also time forward mode (default: on, off with --quick)"),
+            (
+                "dense",
+                "also time reverse mode with a dense B (default: on, off with --quick)",
+            ),
+        ),
     )
-    parser.add_argument(
-        "--dense",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time reverse mode with a dense B (default: on, off with --quick)",
-    )
-    parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     p, repeats = (8, 1) if args.quick else (64, 5)
     repeats = args.repeats or repeats
-    use_forward = (not args.quick) if args.forward is None else args.forward
-    use_dense = (not args.quick) if args.dense is None else args.dense
+    use_forward = enabled(args, "forward")
+    use_dense = enabled(args, "dense")
 
     theta0_np, B_diag, B_factor, eps, T = problem(p)
     P = theta0_np.shape[0]
@@ -326,9 +321,7 @@ def main(argv=None) -> dict:
         dense=dense,
         machine=machine(),
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=float)
+    write_json(args.json, result)
     return result
 
 

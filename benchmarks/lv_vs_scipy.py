@@ -31,7 +31,6 @@ is the loosest of a ladder whose error stays below 1e-6 on a calibration subset
     python benchmarks/lv_vs_scipy.py --quick    # a few systems, one repeat
 """
 
-import argparse
 import os
 import sys
 import time
@@ -58,10 +57,12 @@ from _common import (  # noqa: E402
     compile_line,
     fmt_seconds,
     machine,
+    make_parser,
     ratio,
     ratio_line,
     table,
     time_call,
+    write_json,
 )
 
 from nqfjax.lv import LotkaVolterra, _default_tolerances, solve_lv  # noqa: E402
@@ -150,10 +151,8 @@ def calibrate(run, ladder, ref, accuracy=ACCURACY):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few systems, once")
+    parser = make_parser(__doc__, quick_help="a few systems, once")
     parser.add_argument("--systems", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
     quick = args.quick
     n = args.systems or (4 if quick else 256)
@@ -300,7 +299,7 @@ def main(argv=None) -> dict:
         f">= {TARGET_RATIO:g}x | {'met' if r_main >= TARGET_RATIO else 'not met'} |"
     )
     print(f"total {fmt_seconds(time.perf_counter() - t_start)}")
-    return dict(
+    result = dict(
         times=times,
         err=err,
         agreement=agreement,
@@ -308,6 +307,8 @@ def main(argv=None) -> dict:
         tolerances=tol,
         ratio=r_main,
     )
+    write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":

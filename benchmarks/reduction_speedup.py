@@ -31,8 +31,6 @@ discretisation (a mode grows by `(1 + r/2)^2` per step, not `e^r`).
     python benchmarks/reduction_speedup.py --quick   # smoke test
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -50,12 +48,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
     compile_jax,
     compile_line,
+    enabled,
     fmt_seconds,
     machine,
+    make_parser,
     ratio,
     ratio_line,
     table,
     time_call,
+    write_json,
 )
 
 import nqfjax  # noqa: E402
@@ -91,17 +92,13 @@ def max_rel(a, b) -> float:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument(
-        "--mflow",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also run the M-space flow (default: on, off with --quick)",
+    parser = make_parser(
+        __doc__,
+        toggles=(
+            ("mflow", "also run the M-space flow (default: on, off with --quick)"),
+        ),
     )
     parser.add_argument("--curves", action="store_true", help="print the curves")
-    parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -109,7 +106,7 @@ def main(argv=None) -> dict:
     else:
         n, d, k, m, num_steps, eta, repeats = 4096, 64, 16, 256, 2000, 0.05, 2
     repeats = args.repeats or repeats
-    use_mflow = (not args.quick) if args.mflow is None else args.mflow
+    use_mflow = enabled(args, "mflow")
     sigma = 1e-3
     # calls per round: LV is ~1000x cheaper than the rest; the M-flow, slow and
     # outside the targets, runs in the first round only
@@ -227,9 +224,7 @@ def main(argv=None) -> dict:
         speedup_with_setup=with_setup,
         machine=machine(),
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return result
 
 

@@ -23,8 +23,6 @@ too small to keep two cores busy.
     python benchmarks/small_sweep.py --quick   # smoke test
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -45,10 +43,12 @@ from _common import (  # noqa: E402
     compile_line,
     fmt_seconds,
     machine,
+    make_parser,
     ratio,
     ratio_line,
     table,
     time_call,
+    write_json,
 )
 
 import nqfjax  # noqa: E402
@@ -75,16 +75,13 @@ def problem(n: int, d: int, num_scales: int, num_seeds: int, seed: int = 0):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser = make_parser(__doc__)
     parser.add_argument(
         "--chunk",
         type=int,
         default=32,
         help="sweep chunk size (default 32: measured fastest on a 2-core CPU)",
     )
-    parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -190,9 +187,7 @@ def main(argv=None) -> dict:
         ratio=ratio(times["python loop"], times["nqfjax sweep (vmap)"]),
         machine=machine(),
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return result
 
 

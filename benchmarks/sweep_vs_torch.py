@@ -55,8 +55,6 @@ if __name__ == "__main__" and any(
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -70,12 +68,15 @@ from _common import (  # noqa: E402
     alternate,
     compile_jax,
     compile_line,
+    enabled,
     fmt_seconds,
     machine,
+    make_parser,
     ratio,
     ratio_line,
     table,
     time_call,
+    write_json,
 )
 
 import nqfjax  # noqa: E402
@@ -191,22 +192,20 @@ def matmul_peak(size: int = 2048, repeats: int = 3) -> dict[str, float]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small smoke run")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument(
-        "--torch-compile",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time torch.compile (default: on, off with --quick)",
+    parser = make_parser(
+        __doc__,
+        toggles=(
+            (
+                "torch-compile",
+                "also time torch.compile (default: on, off with --quick)",
+            ),
+        ),
     )
     parser.add_argument(
         "--autograd",
-        action=argparse.BooleanOptionalAction,
-        default=None,
+        action="store_true",
         help="also time PyTorch with autograd, once (default: off)",
     )
-    parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     if args.quick:
@@ -214,7 +213,7 @@ def main(argv=None) -> dict:
     else:
         n, d, m, num_scales, num_steps, repeats = 1024, 64, 128, 32, 2000, 2
     repeats = args.repeats or repeats
-    use_compile = (not args.quick) if args.torch_compile is None else args.torch_compile
+    use_compile = enabled(args, "torch-compile")
     use_autograd = bool(args.autograd)
     lr = 2e-3
     torch.manual_seed(0)
@@ -365,9 +364,7 @@ def main(argv=None) -> dict:
         best_torch=best_torch,
         machine=machine(),
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return result
 
 
