@@ -53,10 +53,13 @@ class TrainResult(eqx.Module):
 
 def log_spaced_steps(num_steps: int, num_records: int) -> tuple[int, ...]:
     """Step 0 and about `num_records - 1` log-spaced steps from 1 to `num_steps`
-    (rounded to integers, duplicates dropped, so possibly fewer)."""
+    (rounded to integers, duplicates dropped, so possibly fewer); the last is
+    always `num_steps` (`num_records = 2`: steps 0 and `num_steps`)."""
     if num_records < 2:
         raise ValueError(f"`num_records` must be >= 2, got {num_records}.")
-    steps = np.unique(np.rint(np.geomspace(1, num_steps, num_records - 1)))
+    # geomspace with one point returns its start: take the end instead
+    start = 1 if num_records > 2 else num_steps
+    steps = np.unique(np.rint(np.geomspace(start, num_steps, num_records - 1)))
     return (0, *(int(s) for s in steps))
 
 

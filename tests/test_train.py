@@ -354,6 +354,11 @@ def test_basis_snapshots_and_record_steps(getkey):
     assert steps[0] == 0 and steps[1] == 1 and steps[-1] == 100
     ratios = steps[2:] / steps[1:-1]
     assert np.all(ratios > 1) and np.max(ratios) < 2.0 * 100 ** (1 / 10)
+    # the fewest records: the start and the end
+    assert nqfjax.train(structure, xs, ys, **kw, num_records=2).steps.tolist() == [
+        0,
+        100,
+    ]
 
 
 # ---------------------------------------------------------------------------
