@@ -27,3 +27,15 @@ def test_readme_tour_runs_and_agrees():
     # (without the modes beyond p=2000 the late curve steepens a little)
     np.testing.assert_allclose(float(namespace["fit"].gamma), 2 / 3, rtol=0.1)
     assert np.isfinite(float(namespace["dloss"]))
+    # with whitened inputs the converged M soft-thresholds the teacher's spectrum:
+    # m_k = max(mu_k - theta, 0) with 2 theta + sum_k min(mu_k, theta) = lam / 2,
+    # here theta = (1 - 0.1) / 5 = 0.18 (mu = 0.1 is below it); FISTA's tolerance
+    # is 1e-11 relative
+    theta = 0.18
+    eig = np.sort(np.linalg.eigvalsh(np.asarray(namespace["sol"].M)))[::-1]
+    np.testing.assert_allclose(
+        eig, [1 - theta, 0.5 - theta, 0.25 - theta, 0], atol=1e-9
+    )
+    assert namespace["width"] == 3 and namespace["prof"].widths == (1, 2, 3)
+    excess = np.asarray(namespace["prof"].excess)
+    assert excess[-1] == 0 and np.all(np.diff(excess) < 0)
