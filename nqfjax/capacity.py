@@ -40,6 +40,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from ._checks import check_shape, is_concrete, nonnegative, positive
+from .mflow import solve_mflow
 from .structures.quadratic import QuadraticNet
 from .sweep import grid_product, sweep
 from .tasks import Task, gaussian_quadratic_task, task_from_samples
@@ -877,8 +878,6 @@ def _finite_data_point(
     if method == "solution":
         M = _solve(task, lam, mask, key, opts, capped).M
     elif method == "mflow":
-        from .mflow import solve_mflow
-
         W0 = run["init_scale"] * jr.normal(key, (p, p), dtype) * mask[None, :]
         ts = jnp.asarray([run["num_steps"]], dtype)
         M = solve_mflow(
