@@ -19,6 +19,23 @@ def check_shape(name: str, x, shape: tuple[int, ...]) -> None:
         )
 
 
+def static_int(name: str, value, minimum: int = 1) -> int:
+    """`value` as a Python int `>= minimum`; `ValueError` naming `name` for a
+    tracer, a bool, a float or a smaller value (it is static: it fixes shapes,
+    loop lengths or step limits)."""
+    if isinstance(value, jax.core.Tracer) or not np.issubdtype(
+        np.asarray(value).dtype, np.integer
+    ):
+        raise ValueError(
+            f"`{name}` must be a static Python int (it fixes array shapes, loop "
+            f"lengths or step limits), got {value!r}."
+        )
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
+    return value
+
+
 def check_ndim(name: str, x, ndim: int, what: str) -> None:
     if jnp.ndim(x) != ndim:
         raise ValueError(

@@ -39,7 +39,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from ._checks import check_shape, is_concrete, nonnegative, positive
+from ._checks import check_shape, is_concrete, nonnegative, positive, static_int
 from .mflow import solve_mflow
 from .structures.quadratic import QuadraticNet
 from .sweep import grid_product, sweep
@@ -447,18 +447,6 @@ def _check_task(task):
         raise ValueError(f"`task` must be an nqfjax Task, got {type(task)}.")
 
 
-def _check_width(name, width) -> int:
-    if (
-        isinstance(width, bool)
-        or not isinstance(width, int | np.integer)
-        or isinstance(width, jax.core.Tracer)
-    ):
-        raise ValueError(f"`{name}` must be a Python int >= 1, got {width!r}.")
-    if int(width) < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {width}.")
-    return int(width)
-
-
 def _weight_decay(task, weight_decay):
     lam = jnp.asarray(weight_decay)
     check_shape("weight_decay", lam, ())
@@ -467,22 +455,9 @@ def _weight_decay(task, weight_decay):
 
 def _options(dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol):
     d = _defaults(dtype)
-    if (
-        isinstance(n_starts, bool)
-        or not isinstance(n_starts, int | np.integer)
-        or n_starts < 0
-    ):
-        raise ValueError(f"`n_starts` must be an int >= 0, got {n_starts!r}.")
-    for name, value in (
-        ("max_steps", max_steps),
-        ("factored_max_steps", factored_max_steps),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | np.integer)
-            or value < 1
-        ):
-            raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
+    n_starts = static_int("n_starts", n_starts, 0)
+    max_steps = static_int("max_steps", max_steps)
+    factored_max_steps = static_int("factored_max_steps", factored_max_steps)
     for name, value in (("tol", tol), ("grad_tol", grad_tol), ("rank_tol", rank_tol)):
         if value is not None and not (np.isfinite(value) and value > 0):
             raise ValueError(f"`{name}` must be a positive float, got {value!r}.")
@@ -590,7 +565,7 @@ def converged_solution(
     _check_task(task)
     lam = _weight_decay(task, weight_decay)
     p = task.p
-    width_ = p if width is None else _check_width("width", width)
+    width_ = p if width is None else static_int("width", width)
     opts = _options(
         task.dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol
     )
@@ -765,7 +740,7 @@ def excess_loss_by_width(
     else:
         if isinstance(widths, int | np.integer):
             raise ValueError("`widths` must be a sequence of ints, e.g. [1, 2, 3].")
-        widths = tuple(_check_width("widths[i]", w) for w in widths)
+        widths = tuple(static_int("widths[i]", w) for w in widths)
         if len(widths) == 0 or any(b <= a for a, b in zip(widths, widths[1:])):
             raise ValueError(
                 f"`widths` must be a non-empty, strictly increasing sequence, got "
@@ -913,7 +888,7 @@ def _floor_jit(pop, lams, masks, key, opts, capped):
 def _int_tuple(name, values) -> tuple[int, ...]:
     if isinstance(values, int | np.integer):
         values = (values,)
-    out = tuple(_check_width(f"{name}[i]", v) for v in values)
+    out = tuple(static_int(f"{name}[i]", v) for v in values)
     if len(out) == 0:
         raise ValueError(f"`{name}` must be a non-empty sequence of ints >= 1.")
     return out
@@ -1035,7 +1010,7 @@ def finite_data_map(
             )
         positive("learning_rate", jnp.asarray(learning_rate))
         positive("init_scale", jnp.asarray(init_scale))
-        num_steps = _check_width("num_steps", num_steps)
+        num_steps = static_int("num_steps", num_steps)
         run = dict(
             learning_rate=float(learning_rate),
             num_steps=num_steps,

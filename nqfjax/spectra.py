@@ -18,16 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ._checks import check_shape, positive
+from ._checks import check_shape, positive, static_int
 
 
 def _check_sizes(p, m) -> tuple[int, int]:
-    for name, value in (("p", p), ("m", m)):
-        if isinstance(value, bool) or not np.issubdtype(np.asarray(value).dtype, int):
-            raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-        if int(value) < 1:
-            raise ValueError(f"`{name}` must be >= 1, got {value}.")
-    return int(p), int(m)
+    return static_int("p", p), static_int("m", m)
 
 
 def marchenko_pastur_edges(

@@ -10,7 +10,14 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from ._checks import check_shape, finite, is_concrete, nonnegative, positive
+from ._checks import (
+    check_shape,
+    finite,
+    is_concrete,
+    nonnegative,
+    positive,
+    static_int,
+)
 from .structures.base import Structure
 
 
@@ -61,20 +68,6 @@ def log_spaced_steps(num_steps: int, num_records: int) -> tuple[int, ...]:
     start = 1 if num_records > 2 else num_steps
     steps = np.unique(np.rint(np.geomspace(start, num_steps, num_records - 1)))
     return (0, *(int(s) for s in steps))
-
-
-def _static_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, jax.core.Tracer) or not np.issubdtype(
-        np.asarray(value).dtype, np.integer
-    ):
-        raise ValueError(
-            f"`{name}` must be a static Python int (it fixes array shapes or the "
-            f"loop length), got {value!r}."
-        )
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
-    return value
 
 
 def train(
@@ -188,7 +181,7 @@ def train(
         raise ValueError(f"`structure` must be an nqfjax.Structure, got {structure!r}.")
     if model not in _MODELS:
         raise ValueError(f"`model` must be one of {_MODELS}, got {model!r}.")
-    num_steps = _static_int("num_steps", num_steps, 1)
+    num_steps = static_int("num_steps", num_steps, 1)
 
     # data
     xs = jnp.asarray(xs)
@@ -216,7 +209,7 @@ def train(
         W0 = jnp.asarray(W0, dtype)
         if W0.ndim != 2 or W0.shape[0] != p:
             raise ValueError(f"`W0` must have shape (p, m) = ({p}, m), got {W0.shape}.")
-        if width is not None and _static_int("width", width, 1) != W0.shape[1]:
+        if width is not None and static_int("width", width, 1) != W0.shape[1]:
             raise ValueError(
                 f"`width` ({width}) does not match `W0.shape[1]` ({W0.shape[1]})."
             )
@@ -227,7 +220,7 @@ def train(
     else:
         if width is None:
             raise ValueError("Give `width` (number of units) or `W0`.")
-        width = _static_int("width", width, 1)
+        width = static_int("width", width, 1)
         if init_scale is None:
             raise ValueError("Give `init_scale` (sigma > 0) or `W0`.")
         if key is None:
@@ -269,7 +262,7 @@ def train(
 
     # minibatches
     if batch_size is not None:
-        batch_size = _static_int("batch_size", batch_size, 1)
+        batch_size = static_int("batch_size", batch_size, 1)
         if batch_size > n:
             raise ValueError(
                 f"`batch_size` ({batch_size}) exceeds the n = {n} samples."
@@ -283,7 +276,7 @@ def train(
 
     # recording
     if record_at is None:
-        record = log_spaced_steps(num_steps, _static_int("num_records", num_records, 2))
+        record = log_spaced_steps(num_steps, static_int("num_records", num_records, 2))
     else:
         if not is_concrete(record_at):
             raise ValueError("`record_at` must be static (a list of Python ints).")
