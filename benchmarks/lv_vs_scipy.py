@@ -65,7 +65,8 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from nqfjax.lv import LotkaVolterra, _default_tolerances, solve_lv  # noqa: E402
+from nqfjax import LotkaVolterra, solve_lv  # noqa: E402
+from nqfjax.engines.lv import _default_tolerances  # noqa: E402
 
 
 TARGET_RATIO = 5.0  # issue 7: nqfjax >= 5x faster than LSODA at equal accuracy

@@ -5,54 +5,61 @@ The public API is exactly what this module re-exports.
 
 import importlib.metadata
 
-from .autodiff import (
-    AutodiffStructureMatrix as AutodiffStructureMatrix,
-    structure_from_layer as structure_from_layer,
+from .analysis.plateaus import (
+    Plateaus as Plateaus,
+    detect_plateaus as detect_plateaus,
 )
-from .capacity import (
-    ConvergedSolution as ConvergedSolution,
-    FiniteDataMap as FiniteDataMap,
-    WidthProfile as WidthProfile,
-    converged_solution as converged_solution,
-    excess_loss_by_width as excess_loss_by_width,
-    finite_data_map as finite_data_map,
-    minimum_width as minimum_width,
-)
-from .fit import (
+from .analysis.power_law import (
     PowerLawFit as PowerLawFit,
-    SpectrumFit as SpectrumFit,
     fit_power_law as fit_power_law,
+)
+from .analysis.spectrum import (
+    SpectrumFit as SpectrumFit,
     fit_spectrum as fit_spectrum,
 )
-from .lv import (
-    LotkaVolterra as LotkaVolterra,
+from .engines.clock import (
+    clock as clock,
+    invert_clock as invert_clock,
+    solve_lv_schedule as solve_lv_schedule,
+    solve_mflow_schedule as solve_mflow_schedule,
+)
+from .engines.lv import (
     NotReducibleError as NotReducibleError,
     lv_reduce as lv_reduce,
     solve_lv as solve_lv,
 )
-from .methods import (
+from .engines.mflow import solve_mflow as solve_mflow
+from .engines.train import TrainResult as TrainResult, train as train
+from .experiments.curve import (
+    Curve as Curve,
+    analyse_curve as analyse_curve,
+    fit_curve_file as fit_curve_file,
+    read_curve_csv as read_curve_csv,
+)
+from .experiments.delay import (
     DelayResult as DelayResult,
     DelayScaling as DelayScaling,
-    Method as Method,
-    MethodReport as MethodReport,
-    clock as clock,
-    compare_methods as compare_methods,
     delay_scaling as delay_scaling,
     delayed_generalisation as delayed_generalisation,
     generalisation_delay as generalisation_delay,
-    invert_clock as invert_clock,
-    solve_lv_schedule as solve_lv_schedule,
-    solve_mflow_schedule as solve_mflow_schedule,
+)
+from .experiments.demo import DemoConfig as DemoConfig, run_demo as run_demo
+from .experiments.finite_data import (
+    FiniteDataMap as FiniteDataMap,
+    finite_data_map as finite_data_map,
+)
+from .experiments.methods import (
+    Method as Method,
+    MethodReport as MethodReport,
+    compare_methods as compare_methods,
     switch_times_from_curves as switch_times_from_curves,
     train_method as train_method,
 )
-from .mflow import solve_mflow as solve_mflow
-from .model import nqf_apply as nqf_apply
-from .spectra import (
-    WeightSpectrum as WeightSpectrum,
-    marchenko_pastur_density as marchenko_pastur_density,
-    marchenko_pastur_edges as marchenko_pastur_edges,
-    weight_spectrum as weight_spectrum,
+from .experiments.sweep_config import (
+    SweepConfig as SweepConfig,
+    load_sweep_config as load_sweep_config,
+    parse_sweep_config as parse_sweep_config,
+    run_sweep_config as run_sweep_config,
 )
 from .structures import (
     Conv1D as Conv1D,
@@ -63,30 +70,60 @@ from .structures import (
     QuadraticNet as QuadraticNet,
     Structure as Structure,
 )
+from .structures.apply import nqf_apply as nqf_apply
+from .structures.autodiff import (
+    AutodiffStructureMatrix as AutodiffStructureMatrix,
+    structure_from_layer as structure_from_layer,
+)
 from .sweep import (
     SweepResult as SweepResult,
     grid_product as grid_product,
     sweep as sweep,
 )
-from .tasks import (
+from .tasks.base import (
     Task as Task,
+)
+from .tasks.gaussian import (
     gaussian_perceptron_task as gaussian_perceptron_task,
     gaussian_quadratic_task as gaussian_quadratic_task,
+)
+from .tasks.lotka_volterra import (
+    LotkaVolterra as LotkaVolterra,
+)
+from .tasks.power_law import (
     power_law_task as power_law_task,
+)
+from .tasks.sampled import (
     task_from_samples as task_from_samples,
 )
-from .theory import (
+from .theory.capacity import (
+    ConvergedSolution as ConvergedSolution,
+    WidthProfile as WidthProfile,
+    converged_solution as converged_solution,
+    excess_loss_by_width as excess_loss_by_width,
+    minimum_width as minimum_width,
+)
+from .theory.nnqp import (
     NNQPSolution as NNQPSolution,
-    Plateaus as Plateaus,
-    Staircase as Staircase,
-    detect_plateaus as detect_plateaus,
     nnqp as nnqp,
+)
+from .theory.power_law import (
     power_law_exponent as power_law_exponent,
     sharp_switch_loss as sharp_switch_loss,
+)
+from .theory.spectra import (
+    WeightSpectrum as WeightSpectrum,
+    marchenko_pastur_density as marchenko_pastur_density,
+    marchenko_pastur_edges as marchenko_pastur_edges,
+    weight_spectrum as weight_spectrum,
+)
+from .theory.staircase import (
+    Staircase as Staircase,
     singular_limit as singular_limit,
+)
+from .theory.switch_on import (
     switch_on_times as switch_on_times,
 )
-from .train import TrainResult as TrainResult, train as train
 
 
 try:

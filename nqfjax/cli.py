@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import nqfjax
+
 
 _DESCRIPTION = """\
 Simulate and analyse sudden learning and scaling laws with the neural quadratic
@@ -91,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="nqfjax", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"nqfjax {nqfjax.__version__}"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -190,9 +195,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo(args) -> None:
-    from .report import run_demo
-
-    report = run_demo(args.out, quick=args.quick, progress=True)
+    report = nqfjax.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
     for check in report.get("checks", []):
@@ -209,11 +212,10 @@ def _demo(args) -> None:
 
 
 def _sweep(args) -> None:
-    from .experiment import load_sweep_config, run_sweep_config
-
-    config = load_sweep_config(args.config)  # validated before anything is written
+    # validated before anything is written
+    config = nqfjax.load_sweep_config(args.config)
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
-    summary = run_sweep_config(config, out, progress=not args.quiet)
+    summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
     chunks, files = summary["chunks"], summary["files"]
     print(
         f"nqfjax sweep: {len(summary['runs'])} runs; {chunks['computed']} chunks "
@@ -228,12 +230,10 @@ def _fmt(x) -> str:
 
 
 def _fit(args) -> None:
-    from .experiment import fit_curve_file
-
     if args.modes < 1:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
-    summary = fit_curve_file(
+    summary = nqfjax.fit_curve_file(
         args.curve,
         out,
         time_column=args.time_column,

@@ -21,8 +21,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
 from tqdm import tqdm
 
+from .io import atomic_write
+
 
 _MANIFEST = "manifest.json"
+
+
+_MANIFEST = "manifest.json"
+_CHUNK_RE = re.compile(r"^chunk_(\d{6})\.npz$")
+
+
 _CHUNK_RE = re.compile(r"^chunk_(\d{6})\.npz$")
 _FORMAT = 1
 
@@ -158,16 +166,6 @@ def _fingerprint(fn, grid, chunk, out_info, tag) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: str, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file in the same directory, then `os.replace`."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _open_checkpoint(path: str, fingerprint: str, meta: dict) -> set[int]:
     """Create or validate the checkpoint directory; return the finished chunks."""
     os.makedirs(path, exist_ok=True)
@@ -189,7 +187,7 @@ def _open_checkpoint(path: str, fingerprint: str, meta: dict) -> set[int]:
             )
     elif jax.process_index() == 0:
         payload = json.dumps({"fingerprint": fingerprint, **meta}, indent=1).encode()
-        _atomic_write(manifest, lambda f: f.write(payload))
+        atomic_write(manifest, lambda f: f.write(payload))
     done = set()
     for entry in os.listdir(path):
         match = _CHUNK_RE.match(entry)
@@ -394,7 +392,7 @@ def sweep(
                     def write(f, leaves=leaves):
                         np.savez(f, **{f"leaf_{j}": x for j, x in enumerate(leaves)})
 
-                    _atomic_write(_chunk_file(path, i), write)
+                    atomic_write(_chunk_file(path, i), write)
                 results[i] = leaves
                 bar.update(1)
         finally:

@@ -54,7 +54,7 @@ def make_point(log_path: str | None, gate: str | None):
 
 
 def main():
-    from nqfjax.sweep import sweep
+    from nqfjax import sweep
 
     ckpt, log_path, out, gate = sys.argv[1:5]
     result = sweep(

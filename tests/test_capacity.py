@@ -11,7 +11,8 @@ import pytest
 import scipy.optimize
 
 import nqfjax
-from nqfjax import capacity
+from nqfjax.experiments.finite_data import _draw
+from nqfjax.theory._psd_solvers import _kkt, _operator_norm
 
 
 D = 6
@@ -120,7 +121,7 @@ def sampled():
     d, n = 5, 60
     U = _rotation(d, 3)
     M_star = (U * np.arange(1, d + 1.0) ** -1.0) @ U.T
-    xs, ys = capacity._draw(7, jnp.eye(d), jnp.asarray(M_star), 0.1, n)
+    xs, ys = _draw(7, jnp.eye(d), jnp.asarray(M_star), 0.1, n)
     ys = ys[:, None]
     task = nqfjax.task_from_samples(nqfjax.QuadraticNet(d), xs, ys)
     return task, xs, ys
@@ -129,7 +130,7 @@ def sampled():
 def _gd_learning_rate(task, M):
     # stable for GD on W: the Hessian of L(W W^T) is ~ 4 |K| |M| at the solution
     top = float(jnp.linalg.eigvalsh(M)[-1])
-    return 0.25 / (float(capacity._operator_norm(task)) * top)
+    return 0.25 / (float(_operator_norm(task)) * top)
 
 
 def test_matches_long_training(sampled):
@@ -201,7 +202,7 @@ def test_kkt_certificate(sampled):
     # perturbation of M
     early = nqfjax.converged_solution(task, lam, max_steps=3, throw=False)
     assert not bool(early.converged) and float(early.kkt_residual) > 1e-4
-    stat, _, _ = capacity._kkt(task, lam, 1.01 * sol.M)
+    stat, _, _ = _kkt(task, lam, 1.01 * sol.M)
     assert float(stat) > 1e-4
 
     # and no PSD point nearby is lower: random PSD perturbations of the optimum
@@ -351,7 +352,7 @@ def _check_parametric_rate(res):
     K = np.stack([_sym_coordinates(np.asarray(pop.K(e))) for e in E], 1)
     theory = np.zeros(len(ns))
     for seed in range(seeds):
-        xs, _ = capacity._draw(seed, jnp.eye(d), pop.M_star, sigma, max(ns))
+        xs, _ = _draw(seed, jnp.eye(d), pop.M_star, sigma, max(ns))
         a = _sym_coordinates(np.einsum("si,sj->sij", xs, xs))
         for k, n in enumerate(ns):
             Kn = a[:n].T @ a[:n] / n

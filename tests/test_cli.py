@@ -18,8 +18,8 @@ import pytest
 import scipy.special
 
 import nqfjax
-from nqfjax import experiment
 from nqfjax.cli import _parser, main
+from nqfjax.experiments import curve as curve_mod, sweep_config
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def test_usage_errors_exit_2(capsys):
 
 
 def test_example_config_is_valid():
-    config = experiment.load_sweep_config(
+    config = sweep_config.load_sweep_config(
         os.path.join(os.path.dirname(__file__), "..", "examples", "sweep_small.toml")
     )
     # 2 init scales x 2 learning rates x 2 seeds x 2 optimizers x 1 architecture
@@ -195,17 +195,17 @@ def test_sweep_interrupted_and_resumed(tmp_path, capsys):
     # data; float32, vmapped vs not: rounding only (relative 1e-6 per step,
     # amplified along the trajectory; absolute 1e-7 where the loss reaches the
     # float32 floor of residuals of targets of order one)
-    cfg = experiment.load_sweep_config(config)
+    cfg = sweep_config.load_sweep_config(config)
     with jax.enable_x64(False):
         structure = cfg.structure("perceptron")
-        xs, ys = experiment._make_data(cfg, structure, np.float32)
+        xs, ys = sweep_config._make_data(cfg, structure, np.float32)
         direct = nqfjax.train(
             structure,
             xs,
             ys,
             num_steps=300,
             learning_rate=np.float32(0.2),
-            optimizer=experiment.OPTIMIZERS["adam"],
+            optimizer=sweep_config.OPTIMIZERS["adam"],
             key=jr.key(np.int32(1)),
             init_scale=np.float32(1e-2),
             width=3,
@@ -374,7 +374,7 @@ def test_read_curve_csv_values(tmp_path):
     csv.write_text("# comment\n\nLoss ,T,extra\n" + "".join(
         f"{2.0 ** -t},{t * 0.5},z\n" for t in range(10)
     ))  # fmt: skip
-    curve = experiment.read_curve_csv(csv)
+    curve = curve_mod.read_curve_csv(csv)
     assert (curve.time_column, curve.loss_column) == ("t", "loss")
     np.testing.assert_array_equal(curve.ts, 0.5 * np.arange(10))
     np.testing.assert_array_equal(curve.loss, 2.0 ** -np.arange(10))

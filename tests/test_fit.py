@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 
 import nqfjax
-from nqfjax.fit import _spectrum_log_loss
+from nqfjax.analysis.spectrum import _spectrum_log_loss
 
 
 def _logistic_power_law_loss(ts, p, alpha, beta, eps, eta=0.25):

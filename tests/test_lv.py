@@ -12,7 +12,7 @@ import pytest
 import scipy.integrate
 
 import nqfjax
-from nqfjax.lv import NotReducibleError
+from nqfjax import NotReducibleError
 
 
 P, NT, TOL = 5, 64, 1e-10

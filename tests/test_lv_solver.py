@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from nqfjax._lv_solver import LVRosenbrock
-from nqfjax.lv import LotkaVolterra, solve_lv
+from nqfjax import LotkaVolterra, solve_lv
+from nqfjax.engines._rosenbrock import LVRosenbrock
 
 
 P = 5

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nqfjax
-from nqfjax.mflow import _psd_sqrt
+from nqfjax._linalg import _psd_sqrt
 
 
 P, NT, TOL = 5, 64, 1e-10

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh
 
 import nqfjax
-from nqfjax.sweep import grid_product
+from nqfjax import grid_product
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))

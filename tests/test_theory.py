@@ -12,7 +12,7 @@ import pytest
 import scipy.optimize
 
 import nqfjax
-from nqfjax.theory import nnqp
+from nqfjax import nnqp
 
 
 # every solve_lv call here has p = 6 modes and N_TAU output times, so that they

@@ -3,8 +3,8 @@
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._checks import finite
-from .structures.base import Structure
+from .._checks import finite
+from .base import Structure
 
 
 def nqf_apply(structure: Structure, W: Float[Array, "p m"], x) -> Float[Array, " k"]:

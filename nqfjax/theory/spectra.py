@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ._checks import check_shape, positive, static_int
+from .._checks import check_shape, positive, static_int
 
 
 def _check_sizes(p, m) -> tuple[int, int]:

@@ -8,11 +8,8 @@ Everything it does goes through the public API; the command line only calls it.
 
 import dataclasses
 import datetime
-import importlib.metadata
 import json
 import os
-import platform
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,11 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from . import plots
-from .fit import fit_power_law
-from .lv import lv_reduce, solve_lv
-from .mflow import solve_mflow
-from .structures import (
+from .. import plots
+from ..analysis.power_law import fit_power_law
+from ..engines.lv import lv_reduce, solve_lv
+from ..engines.mflow import solve_mflow
+from ..engines.train import train
+from ..io import atomic_write_text, versions
+from ..structures import (
     Conv1D,
     MixtureOfExperts,
     OVAttention,
@@ -35,15 +34,12 @@ from .structures import (
     QKAttention,
     QuadraticNet,
 )
-from .sweep import sweep
-from .tasks import power_law_task, task_from_samples
-from .theory import (
-    power_law_exponent,
-    sharp_switch_loss,
-    singular_limit,
-    switch_on_times,
-)
-from .train import train
+from ..sweep import sweep
+from ..tasks.power_law import power_law_task
+from ..tasks.sampled import task_from_samples
+from ..theory.power_law import power_law_exponent, sharp_switch_loss
+from ..theory.staircase import singular_limit
+from ..theory.switch_on import switch_on_times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +90,6 @@ class DemoConfig:
             sweep_scales=(1e-4, 1e-6, 1e-8),
             power_law_modes=2000,
         )
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in ("nqfjax", "jax", "jaxlib", "equinox", "diffrax", "optax", "numpy"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "unknown"
-    out["backend"] = jax.default_backend()
-    return out
 
 
 def _check(name: str, measured, predicted, tol: float, what: str) -> dict:
@@ -255,13 +240,6 @@ def _structure_matrices(seed: int) -> dict[str, np.ndarray]:
         key, sub = jax.random.split(key)
         out[name] = np.asarray(s.A(jax.random.normal(sub, s.input_shape))[0])
     return out
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _markdown(report: dict) -> str:
@@ -500,7 +478,7 @@ def run_demo(
     report = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "config": dataclasses.asdict(cfg),
-        "versions": _versions(),
+        "versions": versions(),
         "timings_s": timings,
         "passed": all(c["passed"] for c in checks),
         "checks": checks,
@@ -550,7 +528,7 @@ def run_demo(
         "structures": {name: A.tolist() for name, A in matrices.items()},
         "figures": figures,
     }
-    _atomic_write_text(out / "report.json", json.dumps(report, indent=1))
-    _atomic_write_text(out / "report.md", _markdown(report))
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    atomic_write_text(out / "report.md", _markdown(report))
     log(f"report: {out / 'report.md'}")
     return report

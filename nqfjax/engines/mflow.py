@@ -1,16 +1,15 @@
-r"""The closed M-space flow (THEORY.md section 2), integrated with diffrax.
+r"""The closed M-space flow, integrated with diffrax:
 
 $$\frac{dM}{dt} = -2\eta\,(G M + M G) - 2\eta\lambda M, \qquad G = K[M] - C .$$
 """
 
 import diffrax
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._checks import (
+from .._checks import (
     check_shape,
     increasing,
     is_concrete,
@@ -18,32 +17,8 @@ from ._checks import (
     positive,
     symmetric_psd,
 )
-from .tasks import Task
-
-
-@jax.custom_jvp
-def _psd_sqrt(M):
-    """The symmetric square root of a symmetric PSD matrix (negative eigenvalues
-    from roundoff are clipped to zero)."""
-    w, V = jnp.linalg.eigh(M)
-    return (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
-
-
-@_psd_sqrt.defjvp
-def _psd_sqrt_jvp(primals, tangents):
-    # The Frechet derivative solves the Sylvester equation S dS + dS S = dM:
-    # dS = V [ (V^T dM V)_ij / (s_i + s_j) ] V^T. Unlike differentiating `eigh`
-    # it is finite for degenerate eigenvalues (only s_i = s_j = 0 is singular,
-    # where the square root is not differentiable; that part is set to zero).
-    (M,), (dM,) = primals, tangents
-    w, V = jnp.linalg.eigh(M)
-    s = jnp.sqrt(jnp.maximum(w, 0.0))
-    S = (V * s[None, :]) @ V.T
-    denom = s[:, None] + s[None, :]
-    ok = denom > 0
-    dMt = V.T @ (0.5 * (dM + dM.T)) @ V
-    dS = V @ jnp.where(ok, dMt / jnp.where(ok, denom, 1.0), 0.0) @ V.T
-    return S, dS
+from .._linalg import _psd_sqrt
+from ..tasks.base import Task
 
 
 def _field(t, y, args):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import is_concrete
+from .._checks import is_concrete
 
 
 class AutodiffStructureMatrix(eqx.Module):

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from ._checks import (
+from .._checks import (
     check_shape,
     finite,
     is_concrete,
@@ -18,7 +18,7 @@ from ._checks import (
     positive,
     static_int,
 )
-from .structures.base import Structure
+from ..structures.base import Structure
 
 
 _MODELS = ("layer", "quadratic")

@@ -1,7 +1,4 @@
-r"""Config-driven experiments behind the `nqfjax sweep` and `nqfjax fit` commands.
-
-Everything the command line does is a function here, so that a Python user (or a
-notebook) can do the same:
+r"""The TOML sweep behind `nqfjax sweep`: a validated configuration and its run.
 
 - `load_sweep_config(path)` / `parse_sweep_config(mapping)`: read and validate a
   TOML sweep configuration into a `SweepConfig` (every problem is a `ValueError`
@@ -9,12 +6,6 @@ notebook) can do the same:
 - `run_sweep_config(config, out_dir)`: train the real network at every point of
   the grid with `nqfjax.train`, through the resumable, checkpointed
   `nqfjax.sweep`, and write `results.npz`, `summary.json` and `loss_curves.png`;
-- `read_curve_csv(path)`: read a loss curve from a CSV file, with line- and
-  column-precise errors;
-- `analyse_curve(ts, loss)`: plateaus (`detect_plateaus`), a power law
-  (`fit_power_law`) and a power-law spectrum (`fit_spectrum`) of one curve, as a
-  JSON-able summary and a figure; `fit_curve_file(path, out_dir)` does it for a
-  CSV file and writes `fit.json` and `fit.png`.
 
 The sweep configuration (see `examples/sweep_small.toml` for a commented one):
 
@@ -51,19 +42,16 @@ chunk = 4               # grid points per compiled call and checkpoint file
 ```
 """
 
-import csv
 import dataclasses
 import difflib
 import hashlib
-import importlib.metadata
-import io
 import json
 import math
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,8 +59,9 @@ import jax.random as jr
 import numpy as np
 import optax
 
-from .fit import fit_power_law, fit_spectrum
-from .structures import (
+from ..engines.train import log_spaced_steps, train
+from ..io import atomic_write, versions, write_figure, write_json
+from ..structures import (
     Conv1D,
     MixtureOfExperts,
     OVAttention,
@@ -80,10 +69,8 @@ from .structures import (
     QKAttention,
     QuadraticNet,
 )
-from .structures.base import Structure
-from .sweep import _atomic_write, grid_product, sweep
-from .theory import detect_plateaus, power_law_exponent
-from .train import log_spaced_steps, train
+from ..structures.base import Structure
+from ..sweep import grid_product, sweep
 
 
 # --------------------------------------------------------------------------------
@@ -393,40 +380,6 @@ def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
 # running a sweep
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in ("nqfjax", "jax", "equinox", "optax", "diffrax", "numpy"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:  # pragma: no cover
-            out[name] = "unknown"
-    return out
-
-
-def _jsonable(x):
-    """Python floats for JSON, with NaN and inf as `null`."""
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray | jax.Array):
-        return _jsonable(np.asarray(x).tolist())
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-def _write_json(path: Path, obj) -> None:
-    text = json.dumps(_jsonable(obj), indent=1, allow_nan=False).encode()
-    _atomic_write(os.fspath(path), lambda f: f.write(text))
-
-
-def _write_figure(path: Path, fig) -> None:
-    _atomic_write(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=100))
-
-
 def _make_data(config: SweepConfig, structure: Structure, dtype):
     """Gaussian inputs and the targets of a teacher of the same architecture:
     `ys = layer(W*, x) - layer(0, x) + noise`, `W* = teacher_scale * N(0, 1)`."""
@@ -594,7 +547,7 @@ def run_sweep_config(
     summary = {
         "config": config.to_dict(),
         "config_file": config.source,
-        "versions": _versions(),
+        "versions": versions(),
         "loss_shape": [
             "optimizer",
             "architecture",
@@ -617,9 +570,9 @@ def run_sweep_config(
         "architecture": np.asarray(grid["architecture"]),
         **{name: a for name, a in axes.items()},
     }
-    _atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    _write_figure(out / files["figure"], _sweep_figure(steps, loss, grid))
-    _write_json(out / files["summary"], summary)
+    atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
+    write_figure(out / files["figure"], _sweep_figure(steps, loss, grid))
+    write_json(out / files["summary"], summary)
     summary["files"] = {k: out / v for k, v in files.items()}
     return summary
 
@@ -658,378 +611,3 @@ def _sweep_figure(steps, loss, grid):
         ax.set_ylabel("loss")
         ax.legend(fontsize=7)
     return fig
-
-
-# --------------------------------------------------------------------------------
-# loss curves from CSV files
-
-
-class Curve(NamedTuple):
-    """A loss curve read by `read_curve_csv`: times `ts` and `loss` (float64
-    arrays of one length), and the names of the columns they came from."""
-
-    ts: np.ndarray
-    loss: np.ndarray
-    time_column: str
-    loss_column: str
-
-
-#: Header names recognised as the time column, in order of preference.
-TIME_COLUMNS = ("t", "time", "step")
-MIN_POINTS = 10
-
-
-def read_curve_csv(
-    path: str | os.PathLike,
-    *,
-    time_column: str | None = None,
-    loss_column: str = "loss",
-) -> Curve:
-    """Read a loss curve from a CSV file.
-
-    The format: a header line naming the columns, then one row per recorded
-    step; blank lines and lines starting with `#` are ignored; other columns are
-    ignored. The time column (`t`, `time` or `step` by default) counts training
-    steps: numbers `>= 0`, strictly increasing. The loss column (`loss` by
-    default) holds finite numbers `>= 0`. At least 10 rows are needed.
-
-    ```
-    step,loss
-    0,0.52
-    1,0.519
-    ...
-    ```
-
-    **Arguments:**
-
-    - `path`: the CSV file.
-    - `time_column`: the header of the time column (default: the first of
-      `t`, `time`, `step` present; matched case-insensitively, like `loss_column`).
-    - `loss_column`: the header of the loss column (default `loss`).
-
-    **Returns:** a `Curve`.
-
-    **Raises:** `ValueError` naming the problem and where it is: an unreadable
-    file, no header, a missing column, a row with too few fields, a value that
-    is not a finite number, a negative time or loss, a time not greater than
-    the one before, or fewer than 10 rows.
-    """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror or e}.") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a UTF-8 text (CSV) file.") from None
-    lines = [
-        (n, line)
-        for n, line in enumerate(text.splitlines(), start=1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    if not lines:
-        raise ValueError(f"{path}: no header line (the file is empty).")
-    rows = csv.reader(io.StringIO("\n".join(line for _, line in lines)))
-    header = [h.strip().lower() for h in next(rows)]
-
-    def find(name: str, what: str, hint: str) -> int:
-        if name.strip().lower() not in header:
-            raise ValueError(
-                f"{path}: missing {what} column {name!r} in the header (line "
-                f"{lines[0][0]}: {', '.join(map(repr, header))}){hint}."
-            )
-        return header.index(name.strip().lower())
-
-    if time_column is None:
-        present = [c for c in TIME_COLUMNS if c in header]
-        if not present:
-            raise ValueError(
-                f"{path}: missing time column: none of "
-                f"{', '.join(map(repr, TIME_COLUMNS))} in the header (line "
-                f"{lines[0][0]}: {', '.join(map(repr, header))}); name it with "
-                "--time-column."
-            )
-        time_column = present[0]
-    i_t = find(time_column, "time", "; name it with --time-column")
-    i_l = find(loss_column, "loss", "; name it with --loss-column")
-
-    ts, loss = [], []
-    for (n, _), row in zip(lines[1:], rows):
-        values = []
-        for col, i in ((time_column, i_t), (loss_column, i_l)):
-            if i >= len(row):
-                raise ValueError(
-                    f"{path}, line {n}: {len(row)} fields, no value for column "
-                    f"{col!r} (column {i + 1})."
-                )
-            cell = row[i].strip()
-            try:
-                value = float(cell)
-            except ValueError:
-                raise ValueError(
-                    f"{path}, line {n}, column {col!r}: {cell!r} is not a number."
-                ) from None
-            if not math.isfinite(value):
-                raise ValueError(
-                    f"{path}, line {n}, column {col!r}: {cell!r} is not finite."
-                )
-            if value < 0:
-                what = "time (steps)" if col == time_column else "loss"
-                raise ValueError(
-                    f"{path}, line {n}, column {col!r}: negative {what} {cell}."
-                )
-            values.append(value)
-        if ts and values[0] <= ts[-1]:
-            raise ValueError(
-                f"{path}, line {n}, column {time_column!r}: time {values[0]:g} is "
-                f"not greater than the previous {ts[-1]:g}; times must be strictly "
-                "increasing."
-            )
-        ts.append(values[0])
-        loss.append(values[1])
-    if len(ts) < MIN_POINTS:
-        raise ValueError(
-            f"{path}: {len(ts)} data rows; at least {MIN_POINTS} are needed."
-        )
-    return Curve(np.asarray(ts), np.asarray(loss), time_column, loss_column)
-
-
-# --------------------------------------------------------------------------------
-# analysing one curve
-
-
-def analyse_curve(
-    ts,
-    loss,
-    *,
-    modes: int | None = 200,
-    total_modes: float = float("inf"),
-    spectrum_method: str = "logistic",
-    progress: bool = False,
-):
-    r"""Plateaus, power law and spectrum of one loss curve.
-
-    Three analyses, each of which may fail on its own (its entry of the summary
-    is then `{"error": message}`):
-
-    - `plateaus`: `detect_plateaus` on the points with `t > 0`: start, end and
-      level of each plateau and the times of the drops between them;
-    - `power_law`: `fit_power_law`, $L = L_\infty + c\,(t + t_0)^{-\gamma}$ on
-      an automatically chosen window;
-    - `spectrum`: `fit_spectrum` with `modes` independent modes: the spectral
-      exponents `alpha`, `beta` of the power-law Lotka-Volterra model that
-      reproduces the curve, and the exponents the theory predicts from them
-      (`gamma_rich`, `gamma_lazy`, THEORY.md section 5) to compare with the
-      fitted `gamma`. Skipped with `modes=None`.
-
-    The fits run in float64 whatever the global `jax_enable_x64` setting.
-
-    **Arguments:**
-
-    - `ts`, `loss`: the curve, 1-D, times strictly increasing and `>= 0`.
-    - `modes`: number of modes of the spectrum model (`None`: skip it).
-    - `total_modes`: the number of modes of the spectrum behind the curve; those
-      beyond `modes` enter the model as a continuum tail (`fit_spectrum`'s
-      `n_modes`; default `inf`, an unbounded power-law spectrum).
-    - `spectrum_method`: `"logistic"` (closed form, fast) or `"solve_lv"`
-      (through the ODE solver, slow).
-    - `progress`: show a progress bar over the three analyses.
-
-    **Returns:** `(summary, figure)`: a JSON-able dict and a
-    `matplotlib.figure.Figure` (the curve on log-log axes with the plateaus, the
-    fitted power law and its window, and the fitted spectrum model).
-    """
-    from tqdm import tqdm
-
-    ts = np.asarray(ts, np.float64)
-    loss = np.asarray(loss, np.float64)
-    summary: dict[str, Any] = {
-        "n_points": int(ts.size),
-        "t_range": [float(ts[0]), float(ts[-1])],
-        "loss_range": [float(loss.min()), float(loss.max())],
-    }
-    curves: dict[str, Any] = {}
-    tasks = ["plateaus", "power_law"] + ([] if modes is None else ["spectrum"])
-    bar = tqdm(tasks, desc="fit", unit="step", disable=not progress)
-    with jax.enable_x64(True):
-        for name in bar:
-            bar.set_postfix_str(name)
-            try:
-                if name == "plateaus":
-                    pos = ts > 0
-                    pl = detect_plateaus(ts[pos], loss[pos])
-                    curves["plateaus"] = pl
-                    summary[name] = {
-                        "count": len(pl),
-                        "start": pl.start,
-                        "end": pl.end,
-                        "level": pl.level,
-                        "drop_times": pl.drop_times,
-                    }
-                elif name == "power_law":
-                    fit = fit_power_law(ts, loss)
-                    curves["power_law"] = fit
-                    summary[name] = {
-                        "gamma": float(fit.gamma),
-                        "gamma_err": float(fit.gamma_err),
-                        "L_inf": float(fit.L_inf),
-                        "c": float(fit.c),
-                        "t0": float(fit.t0),
-                        "window": list(fit.window),
-                        "n_points": fit.n_points,
-                        "rms_log": float(fit.rms),
-                    }
-                else:
-                    spec = fit_spectrum(
-                        ts,
-                        loss,
-                        p=modes,
-                        n_modes=max(total_modes, modes),
-                        method=spectrum_method,
-                    )
-                    curves["spectrum"] = spec
-                    a, b = float(spec.alpha), float(spec.beta)
-                    try:
-                        lazy = power_law_exponent(a, b, "lazy")
-                    except ValueError:
-                        lazy = float("nan")
-                    summary[name] = {
-                        "alpha": a,
-                        "beta": b,
-                        "alpha_err": float(spec.alpha_err),
-                        "beta_err": float(spec.beta_err),
-                        "eps": float(spec.eps),
-                        "rate": float(spec.rate),
-                        "amplitude": float(spec.amplitude),
-                        "gamma_rich": float(spec.gamma),
-                        "gamma_lazy": lazy,
-                        "modes": spec.p,
-                        "method": spec.method,
-                        "rms_log": float(spec.rms),
-                    }
-            except (ValueError, RuntimeError) as e:  # a failed fit, reported
-                summary[name] = {"error": " ".join(str(e).split())}
-        # the fitted curves, evaluated in float64 too
-        if "power_law" in curves:
-            lo, hi = curves["power_law"].window
-            tt = np.geomspace(max(lo, ts[ts > 0][0]), hi, 100)
-            curves["power_law_curve"] = (tt, np.asarray(curves["power_law"](tt)))
-        if "spectrum" in curves:
-            curves["spectrum_curve"] = np.asarray(curves["spectrum"].loss(ts))
-    bar.close()
-    return _jsonable(summary), _curve_figure(ts, loss, curves, summary)
-
-
-def _curve_figure(ts, loss, curves, summary):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
-    ax = fig.subplots()
-    pos = (ts > 0) & (loss > 0)
-    ax.loglog(ts[pos], loss[pos], "k-", lw=2.2, alpha=0.7, label="data")
-    if "plateaus" in curves:
-        pl = curves["plateaus"]
-        for i, (s, e, lvl) in enumerate(
-            zip(np.asarray(pl.start), np.asarray(pl.end), np.asarray(pl.level))
-        ):
-            ax.hlines(
-                lvl,
-                s,
-                e,
-                colors="C1",
-                lw=3,
-                alpha=0.8,
-                label="plateaus" if i == 0 else None,
-            )
-        for i, td in enumerate(np.asarray(pl.drop_times)):
-            ax.axvline(
-                td, color="C1", lw=0.8, ls=":", label="drops" if i == 0 else None
-            )
-    if "power_law_curve" in curves:
-        lo, hi = summary["power_law"]["window"]
-        ax.axvspan(lo, hi, color="C0", alpha=0.1, label="power-law window")
-        tt, fitted = curves["power_law_curve"]
-        g = summary["power_law"]["gamma"]
-        ax.loglog(
-            tt,
-            fitted,
-            "C0--",
-            lw=1.5,
-            label=rf"power law, $\gamma$ = {g:.3f}",
-        )
-    if "spectrum_curve" in curves:
-        s = summary["spectrum"]
-        model = curves["spectrum_curve"]
-        keep = pos & (model > 0)
-        ax.loglog(
-            ts[keep],
-            model[keep],
-            "C2:",
-            lw=1.5,
-            label=rf"spectrum: $\alpha$ = {s['alpha']:.2f}, $\beta$ = {s['beta']:.2f}",
-        )
-    ax.set_xlabel("t (steps)")
-    ax.set_ylabel("loss")
-    ax.set_title("Loss curve analysis")
-    ax.legend(fontsize=8)
-    return fig
-
-
-def fit_curve_file(
-    path: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    *,
-    time_column: str | None = None,
-    loss_column: str = "loss",
-    modes: int | None = 200,
-    total_modes: float = float("inf"),
-    spectrum_method: str = "logistic",
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Read a loss curve from CSV (`read_curve_csv`), analyse it
-    (`analyse_curve`) and write `fit.json` and `fit.png` to `out_dir`
-    (atomically; nothing is written if the CSV is malformed).
-
-    **Arguments:**
-
-    - `path`: the CSV file; `time_column`, `loss_column`: as `read_curve_csv`.
-    - `out_dir`: the output directory (created if needed).
-    - `modes`, `total_modes`, `spectrum_method`, `progress`: as `analyse_curve`.
-
-    **Returns:** the summary (the content of `fit.json`), with `files` mapping
-    `summary` and `figure` to their paths.
-
-    **Raises:** `ValueError` from `read_curve_csv`, or for a bad `modes` or
-    `spectrum_method`.
-    """
-    if modes is not None and (
-        isinstance(modes, bool) or not isinstance(modes, int) or modes < 1
-    ):
-        raise ValueError(f"`modes` must be a positive integer, got {modes!r}.")
-    if spectrum_method not in ("logistic", "solve_lv"):
-        raise ValueError(
-            "`spectrum_method` must be 'logistic' or 'solve_lv', got "
-            f"{spectrum_method!r}."
-        )
-    curve = read_curve_csv(path, time_column=time_column, loss_column=loss_column)
-    summary, fig = analyse_curve(
-        curve.ts,
-        curve.loss,
-        modes=modes,
-        total_modes=total_modes,
-        spectrum_method=spectrum_method,
-        progress=progress,
-    )
-    files = {"summary": "fit.json", "figure": "fit.png"}
-    summary = {
-        "source": str(path),
-        "columns": {"time": curve.time_column, "loss": curve.loss_column},
-        **summary,
-        "versions": _versions(),
-        "files": files,
-    }
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_figure(out / files["figure"], fig)
-    _write_json(out / files["summary"], summary)
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary

@@ -1,0 +1,1 @@
+"""What is measured on loss curves: plateaus, power-law and spectrum fits."""

@@ -1,0 +1,592 @@
+"""Training methods on the same `M`: SGD with a batch size, momentum, Adam and
+schedules (`Method`, `train_method`), and how far each one's switch-on times
+depart from the gradient flow on its clock (`compare_methods`)."""
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ..engines.clock import (
+    _check_momentum,
+    clock,
+    invert_clock,
+    solve_lv_schedule,
+    solve_mflow_schedule,
+)
+from ..engines.lv import lv_reduce
+from ..engines.train import TrainResult, log_spaced_steps, train
+from ..structures.base import Structure
+from ..tasks.sampled import task_from_samples
+from ..theory.switch_on import switch_on_times
+
+
+# --------------------------------------------------------------------------------
+# training methods
+
+
+_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+@functools.cache
+def _momentum_factory(mu: float):
+    # cached: `train` compiles once per optimizer factory (compared by identity)
+    return lambda lr: optax.sgd(lr, momentum=mu)
+
+
+@functools.cache
+def _shifted(schedule, offset: int):
+    return lambda n: schedule(n + offset)
+
+
+def _batch_sizes(b):
+    """Batch-size schedules as hashable tuples of `(start, size)` ints."""
+    if b is None or isinstance(b, (int, np.integer)):
+        return b
+    return tuple((int(start), int(size)) for start, size in b)
+
+
+class Method(eqx.Module):
+    r"""A training method acting on `M = W W^T` (configuration only; all static).
+
+    **Fields:**
+
+    - `learning_rate`: `eta > 0`, or an optax schedule `step -> eta`.
+    - `optimizer`: `"sgd"` (plain steps; gradient descent when full batch),
+      `"momentum"` (heavy ball, `optax.sgd(eta, momentum=mu)`) or `"adam"`
+      (`optax.adam(eta)`).
+    - `momentum`: `mu` in `[0, 1)` for `"momentum"` (default 0.9).
+    - `batch_size`: `None` (full batch), an int `b`, or a batch-size schedule
+      `((0, b_0), (s_1, b_1), ...)`: batch size `b_i` from step `s_i` on
+      (starts strictly increasing, from 0). A schedule is trained as a loop of
+      `nqfjax.train` segments, each continuing from the last weights, with the
+      learning-rate schedule shifted to the global step and fresh minibatch
+      keys; the optimizer state (momentum, Adam's moments) restarts at each
+      boundary, exactly right for plain SGD.
+    - `name`: a label (default: built from the fields).
+
+    The clock on which the method is compared with gradient flow
+    (`Method.clock`): $\sum_n \eta(n)$ for SGD/GD and Adam (for Adam a nominal
+    clock: its steps are normalised per coordinate, not proportional to the
+    gradient, so no clock makes it the M-space flow), and the momentum clock of
+    `clock(..., momentum=mu)` for `"momentum"`.
+    """
+
+    learning_rate: float | Callable = eqx.field(static=True)
+    optimizer: str = eqx.field(static=True, default="sgd")
+    momentum: float = eqx.field(static=True, default=0.9)
+    batch_size: int | tuple[tuple[int, int], ...] | None = eqx.field(
+        static=True, default=None, converter=_batch_sizes
+    )
+    name: str = eqx.field(static=True, default="")
+
+    def __check_init__(self):
+        if self.optimizer not in _OPTIMIZERS:
+            raise ValueError(
+                f"`optimizer` must be one of {_OPTIMIZERS}, got {self.optimizer!r}."
+            )
+        if not callable(self.learning_rate):
+            eta = float(self.learning_rate)
+            if not (np.isfinite(eta) and eta > 0):
+                raise ValueError(f"`learning_rate` must be > 0, got {eta}.")
+        if self.optimizer == "momentum":
+            _check_momentum(self.momentum)
+        b = self.batch_size
+        if isinstance(b, tuple):
+            starts = [s for s, _ in b]
+            if (
+                len(b) == 0
+                or starts[0] != 0
+                or any(t <= s for s, t in zip(starts, starts[1:]))
+                or any(int(size) < 1 for _, size in b)
+            ):
+                raise ValueError(
+                    "A batch-size schedule must be ((0, b_0), (s_1, b_1), ...) with "
+                    f"strictly increasing starts from 0 and sizes >= 1, got {b}."
+                )
+        elif b is not None and int(b) < 1:
+            raise ValueError(f"`batch_size` must be >= 1, got {b}.")
+
+    @property
+    def label(self) -> str:
+        """`name`, or a description of the method."""
+        if self.name:
+            return self.name
+        parts = [self.optimizer]
+        if self.optimizer == "momentum":
+            parts.append(f"mu={self.momentum}")
+        parts.append(
+            "lr=schedule"
+            if callable(self.learning_rate)
+            else f"lr={self.learning_rate}"
+        )
+        if self.batch_size is not None:
+            parts.append(
+                "b=schedule"
+                if isinstance(self.batch_size, tuple)
+                else f"b={self.batch_size}"
+            )
+        return " ".join(parts)
+
+    @property
+    def clock_momentum(self) -> float:
+        """The momentum of the method's clock (0 unless `"momentum"`)."""
+        return float(self.momentum) if self.optimizer == "momentum" else 0.0
+
+    def clock(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
+        """The flow time `s(ts)` this method is compared on (see the class)."""
+        return clock(self.learning_rate, ts, momentum=self.clock_momentum)
+
+    def _optax(self):
+        if self.optimizer == "sgd":
+            return None
+        if self.optimizer == "momentum":
+            return _momentum_factory(float(self.momentum))
+        return optax.adam
+
+
+def train_method(
+    method: Method,
+    structure: Structure,
+    xs: Float[ArrayLike, "n ..."],
+    ys: Float[ArrayLike, "n k"],
+    *,
+    num_steps: int,
+    W0: Float[ArrayLike, "p m"],
+    key: PRNGKeyArray | None = None,
+    weight_decay: Float[ArrayLike, ""] = 0.0,
+    model: str = "quadratic",
+    record_at: Sequence[int] | None = None,
+    num_records: int = 50,
+    basis: Float[ArrayLike, "p q"] | None = None,
+    snapshots: bool = True,
+) -> TrainResult:
+    r"""Train `W` from `W0` with a `Method` through `nqfjax.train`.
+
+    A constant batch size is one `train` call. A batch-size schedule is a loop
+    of `train` segments (see `Method`): segment `i` runs steps
+    `[s_i, s_{i+1})` with batch size `b_i`, from the weights the previous segment
+    ended with, with the learning-rate schedule evaluated at the global step
+    and minibatch key `fold_in(key, i)`; the records are stitched into one
+    `TrainResult` whose `steps` are global. `jax.vmap` works over `key` (and
+    `W0`), with a batch-size schedule too (one compilation per segment length
+    and batch size).
+
+    **Arguments:**
+
+    - `method`: the `Method`.
+    - `structure`, `xs`, `ys`, `num_steps`, `W0`, `weight_decay`, `model`,
+      `record_at`, `num_records`, `basis`, `snapshots`: as in `nqfjax.train`
+      (`model` defaults to `"quadratic"` here).
+    - `key`: PRNG key for the minibatches (needed when `batch_size < n`).
+
+    **Returns:** a `TrainResult`.
+    """
+    if not isinstance(method, Method):
+        raise ValueError(f"`method` must be a Method, got {type(method)}.")
+    kw = dict(
+        optimizer=method._optax(),
+        W0=W0,
+        weight_decay=weight_decay,
+        model=model,
+        basis=basis,
+        snapshots=snapshots,
+    )
+    b = method.batch_size
+    if not isinstance(b, tuple):
+        return train(
+            structure,
+            xs,
+            ys,
+            num_steps=num_steps,
+            learning_rate=method.learning_rate,
+            key=key,
+            batch_size=b,
+            record_at=record_at,
+            num_records=num_records,
+            **kw,
+        )
+    num_steps = int(num_steps)
+    n = jnp.shape(xs)[0]
+    record = (
+        log_spaced_steps(num_steps, num_records)
+        if record_at is None
+        else tuple(int(s) for s in record_at)
+    )
+    bounds = [s for s, _ in b if s < num_steps] + [num_steps]
+    if key is None:
+        key = jr.key(0)
+    pieces, W = [], jnp.asarray(W0)
+    for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        size = min(int(b[i][1]), n)
+        last = e == num_steps
+        local = sorted({0} | {s - a for s in record if a <= s < e or (last and s == e)})
+        lr = method.learning_rate
+        if callable(lr) and a:
+            lr = _shifted(lr, a)
+        res = train(
+            structure,
+            xs,
+            ys,
+            num_steps=e - a,
+            learning_rate=lr,
+            key=jr.fold_in(key, i),
+            batch_size=size,
+            record_at=local,
+            **{**kw, "W0": W},
+        )
+        keep = np.flatnonzero([a + s in record for s in local])
+        pieces.append((np.asarray(local)[keep] + a, res, keep))
+        W = res.W
+
+    def cat(name):
+        # integer indices (not boolean masks), so that this also runs under vmap
+        return jnp.concatenate([getattr(r, name)[jnp.asarray(k)] for _, r, k in pieces])
+
+    steps = np.concatenate([s for s, _, _ in pieces])
+    return TrainResult(
+        steps=jnp.asarray(steps, jnp.int32),
+        loss=cat("loss"),
+        M=None if pieces[0][1].M is None else cat("M"),
+        m=None if pieces[0][1].m is None else cat("m"),
+        W=W,
+    )
+
+
+class MethodReport(eqx.Module):
+    r"""How far a method's switch-on times depart from gradient flow
+    (`compare_methods`). Modes are the columns of the basis; `q` of them.
+
+    **Fields:**
+
+    - `name`: the method's label.
+    - `ts`: recorded steps, shape `(R,)`.
+    - `clock`: the method's flow time `s(ts)` (`Method.clock`), shape `(R,)`.
+    - `m`: the mode amplitudes $u_k^\top M u_k$ of the trained network, averaged
+      over seeds, shape `(R, q)`; `loss`: its training loss, averaged, `(R,)`.
+    - `flow_m`, `flow_loss`: the gradient flow from the same `M0` on the same
+      clock (`solve_mflow`), shapes `(R, q)` and `(R,)`.
+    - `switch_times`: each mode's switch-on time in the trained network, the
+      first time $m_k$ reaches `level` times the peak of the flow's $m_k$
+      (log-linear interpolation between records), averaged over seeds, shape
+      `(q,)`; NaN for modes that do not switch on (and settle) in the flow.
+    - `switch_times_se`: their standard error over seeds (0 for one seed).
+    - `flow_switch_times`: the same measurement on the flow, shape `(q,)`.
+    - `theory_switch_times`: `switch_on_times` of the Lotka-Volterra reduction
+      from the diagonal of `M0`, mapped to steps through the clock
+      (`invert_clock`), shape `(q,)`.
+    - `departure`: `switch_times / flow_switch_times - 1`, shape `(q,)`: the
+      method's delay (> 0) or advance (< 0) relative to gradient flow on its
+      clock, averaged over seeds.
+    - `departure_rms`: the root-mean-square over seeds of each run's
+      `t / t_flow - 1`, shape `(q,)`: how far one run departs (for SGD mostly
+      the seed-to-seed spread; equal to `|departure|` for one seed).
+    - `ratio_departure`: the same for the ratios to the first mode's time,
+      $(t_k / t_{k_0}) / (t^{\rm flow}_k / t^{\rm flow}_{k_0}) - 1$, shape `(q,)`:
+      independent of the clock (a method that only rescales time has 0 here).
+    - `seeds`: the number of seeds averaged.
+    """
+
+    name: str = eqx.field(static=True)
+    ts: Float[Array, " R"]
+    clock: Float[Array, " R"]
+    m: Float[Array, "R q"]
+    loss: Float[Array, " R"]
+    flow_m: Float[Array, "R q"]
+    flow_loss: Float[Array, " R"]
+    switch_times: Float[Array, " q"]
+    switch_times_se: Float[Array, " q"]
+    flow_switch_times: Float[Array, " q"]
+    theory_switch_times: Float[Array, " q"]
+    departure: Float[Array, " q"]
+    departure_rms: Float[Array, " q"]
+    ratio_departure: Float[Array, " q"]
+    seeds: int = eqx.field(static=True)
+
+    @property
+    def max_departure(self) -> float:
+        """The largest `|departure|` over the modes that switch on."""
+        return float(np.nanmax(np.abs(np.asarray(self.departure))))
+
+
+def switch_times_from_curves(
+    ts: Float[ArrayLike, " R"],
+    m: Float[ArrayLike, "R q"],
+    level: float = 0.5,
+    peak: Float[ArrayLike, " q"] | None = None,
+) -> Float[Array, " q"]:
+    """For each column of `m`, the first time it reaches `level` times its peak
+    value (its own largest value, or `peak` when given), interpolated
+    log-linearly between records: the half-way time of a logistic rise for
+    `level = 0.5`. NaN where it never gets there, or is there from `ts[0]`.
+    Runs eagerly.
+
+    **Arguments:**
+
+    - `ts`: times, shape `(R,)`, increasing.
+    - `m`: positive curves, shape `(R, q)`.
+    - `level`: in `(0, 1)`.
+    - `peak`: optional reference values, shape `(q,)`.
+
+    **Returns:** shape `(q,)`.
+    """
+    ts = np.asarray(ts, np.float64)
+    m = np.asarray(m, np.float64)
+    if m.ndim != 2 or m.shape[0] != ts.shape[0]:
+        raise ValueError(f"`m` must have shape (R, q) with R = {ts.shape[0]}.")
+    if not 0 < level < 1:
+        raise ValueError(f"`level` must be in (0, 1), got {level}.")
+    peak = (
+        m.max(0)
+        if peak is None
+        else np.broadcast_to(np.asarray(peak, float), m.shape[1:])
+    )
+    out = np.full(m.shape[1], np.nan)
+    for k in range(m.shape[1]):
+        col = m[:, k]
+        target = level * peak[k]
+        if not (np.all(np.isfinite(col)) and np.isfinite(target)):
+            continue
+        reached = col >= target
+        i = int(np.argmax(reached))
+        if i == 0:
+            continue
+        a, b = col[i - 1], col[i]
+        if a > 0 and b > 0:
+            a, b, target = np.log(a), np.log(b), np.log(target)
+        out[k] = ts[i - 1] + (ts[i] - ts[i - 1]) * (target - a) / (b - a)
+    return jnp.asarray(out)
+
+
+def compare_methods(
+    methods: Sequence[Method] | Mapping[str, Method],
+    structure: Structure,
+    xs: Float[ArrayLike, "n ..."],
+    ys: Float[ArrayLike, "n k"],
+    *,
+    num_steps: int,
+    W0: Float[ArrayLike, "p m"],
+    weight_decay: float = 0.0,
+    key: PRNGKeyArray | None = None,
+    seeds: int = 1,
+    model: str = "quadratic",
+    record_at: Sequence[int] | None = None,
+    basis: Float[ArrayLike, "p q"] | None = None,
+    level: float = 0.5,
+    min_growth: float = 100.0,
+    reference: str = "mflow",
+    solve_options: Mapping | None = None,
+) -> dict[str, MethodReport]:
+    r"""Train each method and measure how far its switch-on times depart from the
+    gradient-flow prediction on its clock.
+
+    For each method: the network is trained from `W0` (`train_method`, `seeds`
+    minibatch keys for stochastic methods, vmapped), recording the mode
+    amplitudes $m_k = u_k^\top M u_k$ in `basis` (default: the Lotka-Volterra
+    basis of `lv_reduce(task_from_samples(structure, xs, ys), 1.0)`); the
+    M-space flow from $M_0 = W_0 W_0^\top$ is run on the method's clock
+    (`solve_mflow_schedule`: exact gradient flow for any `W0`, aligned or not).
+    The switch-on time of a mode is the first time it reaches `level` times the
+    peak of its flow curve, measured the same way on both
+    (`switch_times_from_curves`); modes that grow less than `min_growth` times
+    in the flow, or are still growing at the end of the run (more than 5% over
+    its last tenth), are not counted as switched on and get NaN. What to expect
+    (THEORY.md sections 2 and 6):
+
+    - full-batch GD: a mode's `W` component grows by $1 + a$ per step with
+      $a = r/2$ (`r` per step), so $\ln m$ gains $2\ln(1 + a) = r - r^2/4$
+      instead of `r`: GD lags the flow by a relative $\approx r/4$, small and
+      positive (measured 0.8-0.9 of it at the half-way point, which includes
+      the saturation);
+    - SGD with batch `b`: unbiased gradients with covariance
+      $\propto f(b) = (n - b)/(b(n - 1))$; the switch-on times scatter around
+      GD's by $\propto \sqrt{f(b)}$ (`departure_rms`), small and shrinking as
+      `b` grows, and their mean stays at GD's;
+    - heavy-ball momentum `mu`: on the momentum clock the growth factor per
+      step is the root $z$ of $z^2 - (1 + \mu + a(1-\mu))z + \mu = 0$ (`a` at
+      the effective rate), $\ln z = a - a^2(\tfrac12 + \tfrac{\mu}{1-\mu})$: a lag
+      of $r/4 + \tfrac r2 \tfrac{\mu}{1-\mu}$;
+    - Adam: each coordinate's step is normalised, so every mode grows at
+      $\approx$ lr per step whatever its `r_k`: on its nominal clock the
+      switch-on times depart by O(1), and so do their ratios (which depend on
+      how the modes sit in the coordinates: Adam is not rotation-equivariant);
+    - learning-rate schedules: the flow on the schedule's clock (`clock`), up
+      to GD's discretisation at the current rate; batch-size schedules: SGD
+      segment by segment.
+
+    **The reference.** `reference="mflow"` (default) integrates
+    `solve_mflow_schedule` from $M_0$ (exact for any `W0`; its default
+    implicit solver compiles slowly, pass e.g.
+    `solve_options=dict(solver=diffrax.Tsit5())` for small problems);
+    `reference="lv"` integrates `solve_lv_schedule` from the diagonal of $M_0$
+    in the Lotka-Volterra basis, exact when `W0` is aligned with the modes
+    (then `basis` must not be given) and much cheaper.
+
+    **Arguments:**
+
+    - `methods`: a sequence of `Method`s (keyed by their `label`) or a dict.
+    - `structure`, `xs`, `ys`: the architecture and data.
+    - `num_steps`: steps per run.
+    - `W0`: the initial weights, shape `(p, m)`.
+    - `weight_decay`: `lambda >= 0`.
+    - `key`: PRNG key for the minibatches (default `key(0)`).
+    - `seeds`: minibatch seeds averaged for methods with a batch size (default 1).
+    - `model`: `"quadratic"` (default) or `"layer"`.
+    - `record_at`: the recorded steps (default 401 evenly spaced).
+    - `basis`: the modes, shape `(p, q)`, orthonormal columns.
+    - `level`: the fraction of a mode's peak that defines its switch-on.
+    - `min_growth`: growth factor in the flow below which a mode is off.
+    - `reference`: `"mflow"` or `"lv"` (see above).
+    - `solve_options`: passed to `solve_mflow` or `solve_lv` (e.g. tolerances).
+
+    **Returns:** a dict `label -> MethodReport`.
+
+    **Raises:** `ValueError` for a task that does not reduce when no `basis` is
+    given (`NotReducibleError`), or bad arguments.
+    """
+    if isinstance(methods, Mapping):
+        items = list(methods.items())
+    else:
+        items = [(mth.label, mth) for mth in methods]
+    for label, mth in items:
+        if not isinstance(mth, Method):
+            raise ValueError(f"`methods[{label!r}]` must be a Method, got {type(mth)}.")
+    if seeds < 1:
+        raise ValueError(f"`seeds` must be >= 1, got {seeds}.")
+    if reference not in ("mflow", "lv"):
+        raise ValueError(f'`reference` must be "mflow" or "lv", got {reference!r}.')
+    if reference == "lv" and basis is not None:
+        raise ValueError(
+            '`reference="lv"` uses the basis of `lv_reduce`: omit `basis`.'
+        )
+    num_steps = int(num_steps)
+    record = (
+        np.unique(np.linspace(0, num_steps, 401).astype(int))
+        if record_at is None
+        else np.asarray(record_at, int)
+    )
+    W0 = jnp.asarray(W0)
+    task = task_from_samples(structure, xs, ys)
+    lv_unit, lv_basis = (
+        lv_reduce(task, 1.0, weight_decay) if basis is None else (None, None)
+    )
+    if basis is None:
+        basis = lv_basis
+    basis = jnp.asarray(basis, W0.dtype)
+    M0 = W0 @ W0.T
+    m0 = np.asarray(jnp.diag(basis.T @ M0 @ basis))
+    s_theory = None
+    if lv_unit is not None:
+        s_theory = np.asarray(switch_on_times(lv_unit, np.maximum(m0, 1e-300)))
+    key = jr.key(0) if key is None else key
+    ts = jnp.asarray(record, W0.dtype)
+    opts = dict(solve_options or {})
+
+    reports = {}
+    for label, mth in items:
+        stochastic = mth.batch_size is not None
+        n_seeds = seeds if stochastic else 1
+        run = lambda k, mth=mth: train_method(
+            mth,
+            structure,
+            xs,
+            ys,
+            num_steps=num_steps,
+            W0=W0,
+            key=k,
+            weight_decay=weight_decay,
+            model=model,
+            record_at=record,
+            basis=basis,
+        )
+        keys = jr.split(key, n_seeds)
+        if n_seeds > 1:
+            res = jax.vmap(run)(keys)
+            m_runs, loss_runs = np.asarray(res.m), np.asarray(res.loss)
+        else:
+            outs = [run(k) for k in keys]
+            m_runs = np.stack([np.asarray(o.m) for o in outs])
+            loss_runs = np.stack([np.asarray(o.loss) for o in outs])
+
+        if reference == "mflow":
+            M_flow = solve_mflow_schedule(
+                task,
+                M0,
+                ts,
+                mth.learning_rate,
+                weight_decay,
+                momentum=mth.clock_momentum,
+                **opts,
+            )
+            flow_m = np.asarray(jnp.einsum("pk,tpq,qk->tk", basis, M_flow, basis))
+            flow_loss = np.asarray(jax.vmap(task.loss)(M_flow))
+        else:
+            flow_m = np.asarray(
+                solve_lv_schedule(
+                    lv_unit,
+                    np.maximum(m0, np.finfo(m0.dtype).tiny),
+                    ts,
+                    mth.learning_rate,
+                    momentum=mth.clock_momentum,
+                    **opts,
+                )
+            )
+            flow_loss = np.asarray(lv_unit.loss(jnp.asarray(flow_m)))
+        # a mode is on if it grew `min_growth`-fold and had settled by the end
+        # (over the last tenth of the run it grew by less than 5%), so that its
+        # peak is its plateau value and not where the run happened to stop
+        peak = flow_m.max(0)
+        i90 = int(np.searchsorted(record, 0.9 * record[-1]))
+        settled = flow_m[-1] <= 1.05 * flow_m[min(i90, len(record) - 1)]
+        on = (peak >= min_growth * np.maximum(m0, np.finfo(float).tiny)) & settled
+        t_flow = np.where(
+            on,
+            np.asarray(switch_times_from_curves(record, flow_m, level, peak)),
+            np.nan,
+        )
+        t_runs = np.stack(
+            [
+                np.asarray(switch_times_from_curves(record, mr, level, peak))
+                for mr in m_runs
+            ]
+        )
+        t_runs = np.where(on[None], t_runs, np.nan)
+        t_mean = t_runs.mean(0)
+        t_se = (
+            t_runs.std(0, ddof=1) / np.sqrt(n_seeds)
+            if n_seeds > 1
+            else np.zeros_like(t_mean)
+        )
+        if s_theory is not None:
+            t_theory = np.asarray(
+                invert_clock(mth.learning_rate, s_theory, momentum=mth.clock_momentum)
+            )
+        else:
+            t_theory = np.full(t_mean.shape, np.nan)
+        k0 = int(np.nanargmin(t_flow)) if np.any(on) else 0
+        reports[label] = MethodReport(
+            name=label,
+            ts=ts,
+            clock=mth.clock(ts),
+            m=jnp.asarray(m_runs.mean(0)),
+            loss=jnp.asarray(loss_runs.mean(0)),
+            flow_m=jnp.asarray(flow_m),
+            flow_loss=jnp.asarray(flow_loss),
+            switch_times=jnp.asarray(t_mean),
+            switch_times_se=jnp.asarray(t_se),
+            flow_switch_times=jnp.asarray(t_flow),
+            theory_switch_times=jnp.asarray(t_theory),
+            departure=jnp.asarray(t_mean / t_flow - 1),
+            departure_rms=jnp.asarray(np.sqrt(np.mean((t_runs / t_flow - 1) ** 2, 0))),
+            ratio_departure=jnp.asarray(
+                (t_mean / t_mean[k0]) / (t_flow / t_flow[k0]) - 1
+            ),
+            seeds=n_seeds,
+        )
+    return reports

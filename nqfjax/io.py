@@ -1,0 +1,80 @@
+"""Files: one atomic writer, JSON with NaN as `null`, figures, library versions.
+
+Every file nqfjax writes (reports, figures, checkpoint chunks) goes through
+`atomic_write`: a temporary file in the same folder, flushed and synced, then
+`os.replace`d, so an interrupted run leaves either the old file or the new one,
+never half of one.
+"""
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+_LIBRARIES = ("nqfjax", "jax", "jaxlib", "equinox", "diffrax", "optax", "numpy")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
+    """Call `write(f)` on a binary file object, then move it to `path` atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically."""
+    data = text.encode()
+    atomic_write(path, lambda f: f.write(data))
+
+
+def versions() -> dict[str, str]:
+    """The Python and library versions and JAX's backend, for reports."""
+    out = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+            out[name] = "unknown"
+    out["backend"] = jax.default_backend()
+    return out
+
+
+def jsonable(x):
+    """Python floats for JSON, with NaN and inf as `null`."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray | jax.Array):
+        return jsonable(np.asarray(x).tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """`obj` as indented JSON (NaN and inf as `null`), written atomically."""
+    text = json.dumps(jsonable(obj), indent=1, allow_nan=False).encode()
+    atomic_write(path, lambda f: f.write(text))
+
+
+def write_figure(path: str | os.PathLike, fig) -> None:
+    """A matplotlib `Figure` as PNG, written atomically."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))

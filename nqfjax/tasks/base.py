@@ -1,0 +1,113 @@
+r"""The abstract `Task`: what a data distribution contributes to the flow of `M`.
+
+A task is the triple $(K, C, \mathbb{E}|y|^2)$,
+
+$$C = \mathbb{E} \sum_j y_j A_j(x), \qquad
+K[X] = \mathbb{E} \sum_j A_j(x)\, \mathrm{Tr}[A_j(x) X], \qquad
+L(M) = \tfrac12 \langle M, K[M] \rangle - \langle C, M \rangle
++ \tfrac12 \mathbb{E}|y|^2,$$
+
+with `K` applied matrix-free (the `p^4` tensor is never formed). See the docs'
+theory page "The closed flow of M".
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .._checks import (
+    check_shape,
+    finite,
+    is_concrete,
+)
+from .._linalg import _inner
+from .lotka_volterra import LotkaVolterra
+
+
+def _check_symmetric(name: str, X, *, rtol: float = 1e-6):
+    """Return `X`, raising unless it is a finite symmetric matrix."""
+    X = finite(name, X)
+    if X.ndim != 2 or X.shape[0] != X.shape[1]:
+        raise ValueError(f"`{name}` must be a square matrix, got shape {X.shape}.")
+    tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
+    err = jnp.max(jnp.abs(X - X.T))
+    if is_concrete(X):
+        if float(err) > float(tol):
+            raise ValueError(f"`{name}` must be symmetric; max |X - X^T| = {err:.3g}.")
+        return X
+    return eqx.error_if(X, err > tol, f"`{name}` must be symmetric.")
+
+
+class Task(eqx.Module):
+    r"""What a data distribution contributes to the dynamics of `M` (THEORY.md
+    section 2): the matrix-free PSD map `K`, the matrix `C` and `E|y|^2`.
+
+    Concrete tasks provide `C`, `y2` and `_K`; `K`, `loss` and `gradient` are
+    shared. `K` is linear and self-adjoint in the Frobenius inner product; it is
+    meant for symmetric arguments (a non-symmetric `X` acts through its
+    symmetric part for the tasks here).
+
+    **Attributes:**
+
+    - `p`: parameters per unit (the size of `M`).
+    - `C`: $\mathbb{E}\sum_j y_j A_j(x)$, shape `(p, p)`, symmetric.
+    - `y2`: $\mathbb{E}|y|^2$, a scalar.
+    """
+
+    C: eqx.AbstractVar[Float[Array, "p p"]]
+    y2: eqx.AbstractVar[Float[Array, ""]]
+
+    @abc.abstractmethod
+    def _K(self, X: Float[Array, "p p"]) -> Float[Array, "p p"]: ...
+
+    @property
+    def p(self) -> int:
+        """Parameters per unit: `M` is `p x p`."""
+        return self.C.shape[0]
+
+    @property
+    def dtype(self):
+        return self.C.dtype
+
+    def K(self, X: Float[Array, "p p"]) -> Float[Array, "p p"]:
+        r"""$K[X] = \mathbb{E}\sum_j A_j(x)\,\mathrm{Tr}[A_j(x) X]$, shape `(p, p)`.
+
+        **Arguments:**
+
+        - `X`: a symmetric matrix, shape `(p, p)`.
+
+        **Raises:** `ValueError` if `X` is not `(p, p)`.
+        """
+        X = jnp.asarray(X)
+        check_shape("X", X, (self.p, self.p))
+        return self._K(X)
+
+    def gradient(self, M: Float[Array, "p p"]) -> Float[Array, "p p"]:
+        r"""$G(M) = \partial L / \partial M = K[M] - C$, shape `(p, p)`."""
+        return self.K(M) - self.C
+
+    def loss(self, M: Float[Array, "p p"]) -> Float[Array, ""]:
+        r"""$L(M) = \tfrac12\langle M, K[M]\rangle - \langle C, M\rangle
+        + \tfrac12 \mathbb{E}|y|^2$, the squared loss of the quadratic model
+        $f_j(x) = \mathrm{Tr}[M A_j(x)]$ (a scalar).
+
+        **Arguments:**
+
+        - `M`: shape `(p, p)`, symmetric (usually PSD, `M = W W^T`).
+        """
+        M = jnp.asarray(M)
+        check_shape("M", M, (self.p, self.p))
+        return 0.5 * _inner(M, self._K(M)) - _inner(self.C, M) + 0.5 * self.y2
+
+    def known_reduction(
+        self, eta, weight_decay=0.0
+    ) -> tuple[LotkaVolterra, Float[Array, "p p"]] | None:
+        """The Lotka-Volterra reduction `(lv, basis)` when the task knows it in
+        closed form, else `None` (the default), in which case `nqfjax.lv_reduce`
+        searches for the shared eigenbasis numerically. Tasks whose basis is known
+        (independent modes, say) override this so that `lv_reduce` needs no
+        search."""
+        del eta, weight_decay
+        return None

@@ -1,0 +1,110 @@
+r"""Independent modes with power-law spectra (`power_law_task`): the task whose
+Lotka-Volterra reduction gives a power law in time."""
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._checks import (
+    check_shape,
+    finite,
+    positive,
+)
+from .base import Task
+from .lotka_volterra import LotkaVolterra
+
+
+# --------------------------------------------------------------------------------
+# Power-law task of independent modes
+
+
+class PowerLawTask(Task):
+    r"""Independent modes with power-law spectra (THEORY.md section 5):
+
+    $$K[X] = \mathrm{diag}(\lambda \odot \mathrm{diag}\,X), \qquad
+    C = \mathrm{diag}(\lambda \odot m^\star), \qquad
+    y2 = \textstyle\sum_k \lambda_k {m^\star_k}^2,$$
+
+    $\lambda_k = k^{-\alpha}$, $m^\star_k = k^{-\beta}$, so the loss vanishes at
+    $M = \mathrm{diag}(m^\star)$ and an unlearned mode costs
+    $\lambda_k {m^\star_k}^2 / 2$. Only the vectors are stored; `C` is formed on
+    access. For many modes use `lotka_volterra(eta)` directly instead of
+    `lv_reduce` (which returns a dense `p x p` basis).
+
+    Build with `power_law_task`.
+    """
+
+    lam: Float[Array, " p"]
+    mstar: Float[Array, " p"]
+
+    @property
+    def C(self) -> Float[Array, "p p"]:
+        return jnp.diag(self.lam * self.mstar)
+
+    @property
+    def y2(self) -> Float[Array, ""]:
+        return jnp.sum(self.lam * self.mstar**2)
+
+    @property
+    def p(self) -> int:
+        return self.lam.shape[0]
+
+    @property
+    def dtype(self):
+        return self.lam.dtype
+
+    def _K(self, X):
+        return jnp.diag(self.lam * jnp.diag(X))
+
+    def lotka_volterra(self, eta, weight_decay=0.0):
+        r"""The exact Lotka-Volterra reduction in the standard basis:
+        $r_k = 4\eta\lambda_k m^\star_k$, $B = 4\eta\,\mathrm{diag}(\lambda)$,
+        `decay = 2 eta weight_decay`, with `loss` equal to the task's loss.
+        Works under `jit`/`grad` (unlike `lv_reduce`, which runs eagerly)."""
+        eta = positive("eta", jnp.asarray(eta, self.dtype))
+        return LotkaVolterra(
+            4.0 * eta * self.lam * self.mstar,
+            decay=2.0 * eta * jnp.asarray(weight_decay, self.dtype),
+            B_diag=4.0 * eta * self.lam,
+            loss_scale=1.0 / (4.0 * eta),
+            loss_offset=0.5 * self.y2,
+        )
+
+    def known_reduction(self, eta, weight_decay=0.0):
+        """`(self.lotka_volterra(eta, weight_decay), identity)`: the modes are the
+        standard basis, so `lv_reduce` needs no search."""
+        return self.lotka_volterra(eta, weight_decay), jnp.eye(self.p, dtype=self.dtype)
+
+
+def power_law_task(p: int, alpha, beta, *, dtype=None) -> PowerLawTask:
+    r"""Independent modes with $\lambda_k = k^{-\alpha}$ and
+    $m^\star_k = k^{-\beta}$, `k = 1..p` (THEORY.md section 5).
+
+    $K[X] = \mathrm{diag}(\lambda\odot\mathrm{diag}X)$,
+    $C = \mathrm{diag}(\lambda \odot m^\star)$,
+    $y2 = \sum_k \lambda_k {m^\star_k}^2$: the reduction is exact in the
+    standard basis with $r_k = 4\eta k^{-(\alpha+\beta)}$,
+    $B_{kk} = 4\eta k^{-\alpha}$, and the loss falls as
+    $t^{-(\alpha + 2\beta - 1)/(\alpha+\beta)}$ once the steps merge.
+    `alpha` and `beta` may be traced (`jit`, `grad`).
+
+    **Arguments:**
+
+    - `p`: number of modes (a Python int).
+    - `alpha`: spectral exponent of `K`.
+    - `beta`: exponent of the target amplitudes.
+    - `dtype`: floating dtype (default: JAX's default float).
+
+    **Returns:** a `PowerLawTask`.
+
+    **Raises:** `ValueError` for `p < 1` or non-finite exponents.
+    """
+    if isinstance(p, bool) or not isinstance(p, int | np.integer) or p < 1:
+        raise ValueError(f"`p` must be a positive int, got {p!r}.")
+    dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+    alpha = finite("alpha", jnp.asarray(alpha, dtype))
+    beta = finite("beta", jnp.asarray(beta, dtype))
+    check_shape("alpha", alpha, ())
+    check_shape("beta", beta, ())
+    k = jnp.arange(1, int(p) + 1, dtype=dtype)
+    return PowerLawTask(k ** (-alpha), k ** (-beta))

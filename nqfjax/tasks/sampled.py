@@ -1,0 +1,196 @@
+"""Tasks from samples through any structure (`task_from_samples`): `K` and `C`
+as averages over the data, applied in batches through the structure's hooks."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from .._checks import (
+    check_shape,
+    finite,
+)
+from .._linalg import _sym
+from ..structures.base import Structure
+from .base import Task
+
+
+# --------------------------------------------------------------------------------
+# Tasks from samples
+
+
+def _default_batch_size(n: int, structure: Structure) -> int:
+    # Keep what one chunk of samples holds (for most structures the matrices
+    # A(x_s), (b, k, p, p)) near 2^21 numbers.
+    return int(max(1, min(n, 2**21 // max(1, structure._sample_size()))))
+
+
+def _chunked_sum(structure, xs, aux, coef, batch_size):
+    r"""$\frac1n\sum_s\sum_j c_{sj} A_j(x_s)$ with `c = coef(x_b, aux_b)` (shape
+    `(b, k)`) for each chunk of `batch_size` samples (a `lax.scan` over full
+    chunks, then the remainder), through the structure's `_weighted_sum`."""
+    p, n, b = structure.p, xs.shape[0], batch_size
+    dtype = aux.dtype
+
+    def block(xb, ab):
+        return structure._weighted_sum(xb, coef(xb, ab).astype(dtype))
+
+    total = jnp.zeros((p, p), dtype)
+    nb = n // b
+    if nb > 0:
+        xr = xs[: nb * b].reshape((nb, b) + xs.shape[1:])
+        ar = aux[: nb * b].reshape((nb, b) + aux.shape[1:])
+
+        def body(acc, xa):
+            return acc + block(*xa), None
+
+        total, _ = jax.lax.scan(body, total, (xr, ar))
+    if n % b:
+        total = total + block(xs[nb * b :], aux[nb * b :])
+    return total / n
+
+
+# Module-level jitted kernels: the cache is hit across calls and tasks (a closure
+# rebuilt per call would recompile the scan every time when used eagerly).
+
+
+@eqx.filter_jit
+def _sampled_C(structure, xs, targets, batch_size):
+    return _chunked_sum(structure, xs, targets, lambda xb, t: t, batch_size)
+
+
+@eqx.filter_jit
+def _sampled_K(structure, xs, X, batch_size):
+    Xs = _sym(X).astype(xs.dtype)
+    dummy = jnp.zeros((xs.shape[0], 0), xs.dtype)
+    return _chunked_sum(
+        structure, xs, dummy, lambda xb, _: structure._contract(xb, Xs), batch_size
+    )
+
+
+@eqx.filter_jit
+def _offsets(structure, xs):
+    W0 = jnp.zeros((structure.p, 1), xs.dtype)
+    return jax.vmap(lambda x: structure.layer(W0, x))(xs).astype(xs.dtype)
+
+
+class SampledTask(Task):
+    r"""The empirical task of `n` samples through a `Structure`:
+
+    $$K[X] = \frac1n \sum_s \sum_j A_j(x_s)\,\mathrm{Tr}[A_j(x_s) X], \qquad
+    C = \frac1n \sum_s \sum_j \tilde y_{sj} A_j(x_s), \qquad
+    y2 = \frac1n \sum_s |\tilde y_s|^2,$$
+
+    with targets $\tilde y_s = y_s - f(x_s; 0)$ (`offsets`, the layer at zero
+    weights; zero for perceptrons and quadratic networks). `K` recomputes
+    `A(x_s)` in chunks of `batch_size` samples, so memory is
+    `O(batch_size k p^2)` and nothing of size `p^4` or `n k p^2` is stored; for the
+    perceptron, whose `A_j(x)` are sparse, the structure contracts the samples
+    directly (`O(n k (k + d))` per application of `K`) without building any
+    `A(x_s)`.
+
+    `loss(M)` is the empirical squared loss of the quadratic model including its
+    offset, $\frac1{2n}\sum_s |f(x_s; 0) + \mathrm{Tr}[M A(x_s)] - y_s|^2$.
+
+    Build with `task_from_samples`.
+    """
+
+    structure: Structure
+    xs: Array
+    ys: Float[Array, "n k"]
+    offsets: Float[Array, "n k"]
+    C: Float[Array, "p p"]
+    y2: Float[Array, ""]
+    batch_size: int = eqx.field(static=True)
+
+    def __init__(self, structure, xs, ys, offsets, batch_size):
+        self.structure = structure
+        self.xs = xs
+        self.ys = ys
+        self.offsets = offsets
+        self.batch_size = batch_size
+        targets = ys - offsets
+        self.C = _sampled_C(structure, xs, targets, batch_size)
+        self.y2 = jnp.mean(jnp.sum(targets**2, axis=1))
+
+    @property
+    def n(self) -> int:
+        return self.xs.shape[0]
+
+    @property
+    def targets(self) -> Float[Array, "n k"]:
+        """`ys - offsets`: what the quadratic form has to fit."""
+        return self.ys - self.offsets
+
+    def _K(self, X):
+        return _sampled_K(self.structure, self.xs, X, self.batch_size)
+
+
+def task_from_samples(
+    structure: Structure,
+    xs: ArrayLike,
+    ys: Float[ArrayLike, "n k"],
+    *,
+    subtract_offset: bool = True,
+    batch_size: int | None = None,
+) -> SampledTask:
+    r"""The empirical task of samples `(xs, ys)` through `structure`.
+
+    $K[X] = \frac1n\sum_s\sum_j A_j(x_s)\,\mathrm{Tr}[A_j(x_s) X]$ is applied
+    matrix-free (the `A(x_s)` are recomputed in chunks, never a `p^4` tensor),
+    $C = \frac1n\sum_s\sum_j \tilde y_{sj} A_j(x_s)$ and
+    $y2 = \frac1n \sum_s |\tilde y_s|^2$.
+
+    The targets are $\tilde y_s = y_s - f(x_s; 0)$ when `subtract_offset` (the
+    default): the layer at zero weights, `structure.layer(zeros((p, 1)), x)`,
+    is a constant of the dynamics, not something the units learn (THEORY.md
+    section 1; it vanishes for perceptrons and quadratic networks, not for
+    softmax attention). Then `task.loss(W W^T)` equals the empirical squared
+    loss $\frac1{2n}\sum_s |f(x_s;0) + \mathrm{Tr}[W W^\top A(x_s)] - y_s|^2$
+    of the quadratic model, which is what `train(structure, xs, ys)` minimises.
+    With `subtract_offset=False` the offset is ignored.
+
+    As `n` grows the task converges to the population task (for Gaussian inputs,
+    `gaussian_quadratic_task` / `gaussian_perceptron_task`) with errors
+    `O(n^{-1/2})`.
+
+    **Arguments:**
+
+    - `structure`: the architecture.
+    - `xs`: inputs, shape `(n, *structure.input_shape)`.
+    - `ys`: targets, shape `(n, k)` (`(n,)` is accepted when `k = 1`).
+    - `subtract_offset`: subtract `f(x; 0)` from `ys` (default `True`).
+    - `batch_size`: samples per chunk when applying `K` (default: chunks of about
+      `2^21` numbers).
+
+    **Returns:** a `Task` with `p = structure.p`.
+
+    **Raises:** `ValueError` for shapes that do not match the structure, `n = 0`
+    or NaN in `xs` or `ys`.
+    """
+    if not isinstance(structure, Structure):
+        raise ValueError(f"`structure` must be a Structure, got {type(structure)}.")
+    xs, ys = jnp.asarray(xs), jnp.asarray(ys)
+    shape = tuple(structure.input_shape)
+    if xs.ndim != 1 + len(shape) or tuple(xs.shape[1:]) != shape:
+        raise ValueError(
+            f"`xs` must have shape (n, *input_shape) = (n, *{shape}), got {xs.shape}."
+        )
+    n, k = xs.shape[0], structure.k
+    if n < 1:
+        raise ValueError("`xs` must hold at least one sample.")
+    if ys.ndim == 1 and k == 1:
+        ys = ys[:, None]
+    check_shape("ys", ys, (n, k))
+    dtype = jnp.result_type(xs, ys, float)
+    xs = finite("xs", xs.astype(dtype))
+    ys = finite("ys", ys.astype(dtype))
+    if subtract_offset:
+        offsets = _offsets(structure, xs)
+    else:
+        offsets = jnp.zeros_like(ys)
+    if batch_size is None:
+        batch_size = _default_batch_size(n, structure)
+    elif int(batch_size) < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+    return SampledTask(structure, xs, ys, offsets, int(min(batch_size, n)))
