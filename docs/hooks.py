@@ -7,6 +7,10 @@
 2. Every name that `nqfjax/__init__.py` re-exports must have exactly one
    `::: nqfjax.NAME` block in `docs/api/*.md`; anything else is a warning, which
    fails `mkdocs build --strict`.
+3. `PublicNamesFirst`, a Griffe extension (configured under mkdocstrings'
+   `extensions`), makes `nqfjax.NAME` the re-exported object even where a
+   submodule has the same name (`nqfjax.train`, `nqfjax.sweep`): Griffe gives
+   the submodule precedence, Python the re-export.
 """
 
 import ast
@@ -14,6 +18,7 @@ import logging
 import re
 from pathlib import Path
 
+import griffe
 from mkdocs.plugins import CombinedEvent, event_priority
 from mkdocs.structure.files import File
 
@@ -88,3 +93,36 @@ def on_serve(server, config, builder):
     server.watch(str(PACKAGE_INIT.parent))
     return server
 
+
+def _aliases(obj):
+    for member in list(obj.members.values()):
+        if isinstance(member, griffe.Alias):
+            yield member
+        elif isinstance(member, griffe.Module | griffe.Class):
+            yield from _aliases(member)
+
+
+class PublicNamesFirst(griffe.Extension):
+    """Point `nqfjax.NAME` at what `nqfjax/__init__.py` re-exports as NAME when a
+    submodule of the same name has taken its place in Griffe's tree."""
+
+    def on_package(self, *, pkg, loader, **kwargs):
+        if pkg.name != "nqfjax":
+            return
+        shadowed = {
+            name: path
+            for name, path in pkg.imports.items()
+            if isinstance(pkg.members.get(name), griffe.Module)
+            and path != f"{pkg.path}.{name}"
+        }
+        if not shadowed:
+            return
+        # resolve every alias while the submodules can still be reached by path
+        for alias in _aliases(pkg):
+            try:
+                alias.resolve_target()
+            except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+                pass  # external or unresolvable: left to mkdocstrings, as before
+        for name, path in shadowed.items():
+            target = loader.modules_collection[path]
+            pkg.set_member(name, griffe.Alias(name, target, parent=pkg))
