@@ -62,6 +62,7 @@ from .experiments.sweep_config import (
     run_sweep_config as run_sweep_config,
 )
 from .structures import (
+    AbstractStructure as AbstractStructure,
     Conv1D as Conv1D,
     MixtureOfExperts as MixtureOfExperts,
     OVAttention as OVAttention,
