@@ -76,6 +76,12 @@ from .structures.autodiff import (
     AutodiffStructureMatrix as AutodiffStructureMatrix,
     structure_from_layer as structure_from_layer,
 )
+from .structures.registry import (
+    make_structure as make_structure,
+    structure_arguments as structure_arguments,
+    structure_class as structure_class,
+    structure_names as structure_names,
+)
 from .sweep import (
     SweepResult as SweepResult,
     grid_product as grid_product,

@@ -1,11 +1,14 @@
 """The structures: real layers against their quadratic forms (THEORY.md section 1)."""
 
+import inspect
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    STRUCTURE_CASES,
     all_structures,
     jit_A,
     jit_layer,
@@ -523,3 +526,46 @@ def test_legacy_private_spellings(getkey):
     with pytest.warns(DeprecationWarning, match="use `layer`"):
         got = base._layer(W, x)
     np.testing.assert_array_equal(got, base.layer(W, x))
+
+
+# --------------------------------------------------------------------------------
+# The registry
+
+
+def test_registry_covers_the_tests_and_the_constructors():
+    """Every registered structure is in the list the tests parametrise over, every
+    argument it lists is a keyword of its constructor, and `make_structure` with
+    no arguments is the default instance."""
+    names = nqfjax.structure_names()
+    assert set(names) == {n for n, _ in STRUCTURE_CASES}
+    assert {nqfjax.structure_class(n) for n in names} == set(BUILTIN_CLASSES)
+    for name in names:
+        cls = nqfjax.structure_class(name)
+        params = inspect.signature(cls).parameters
+        for arg, kind in nqfjax.structure_arguments(name).items():
+            assert arg in params, (name, arg)
+            assert kind in (int, float, bool, str)
+        assert nqfjax.make_structure(name) == cls()
+    s = nqfjax.make_structure("conv1d", length=9, stride=2, pool=True)
+    assert s == nqfjax.Conv1D(length=9, stride=2, pool=True)
+    # an int where a float is expected
+    assert nqfjax.make_structure("qk_attention", temperature=2).temperature == 2.0
+    with pytest.raises(TypeError):
+        nqfjax.structure_arguments("perceptron")["d"] = float  # read-only
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="did you mean 'perceptron'"):
+        nqfjax.make_structure("perceptrn")
+    with pytest.raises(ValueError, match="`name` must be one of"):
+        nqfjax.structure_class(3)  # pyright: ignore
+    with pytest.raises(ValueError, match="`activation` is not an argument"):
+        nqfjax.make_structure("perceptron", activation=jnp.sin)
+    with pytest.raises(ValueError, match="`d` of 'perceptron' must be of type int"):
+        nqfjax.make_structure("perceptron", d=True)
+    with pytest.raises(ValueError, match="`pool` of 'conv1d' must be of type bool"):
+        nqfjax.make_structure("conv1d", pool=1)
+    with pytest.raises(ValueError, match="`temperature` .* must be of type float"):
+        nqfjax.make_structure("qk_attention", temperature="hot")
+    with pytest.raises(ValueError, match="`gate`"):  # the constructor's own check
+        nqfjax.make_structure("moe", gate="top1")
