@@ -62,6 +62,7 @@ from .experiments.sweep_config import (
     run_sweep_config as run_sweep_config,
 )
 from .structures import (
+    AbstractStructure as AbstractStructure,
     Conv1D as Conv1D,
     MixtureOfExperts as MixtureOfExperts,
     OVAttention as OVAttention,
@@ -74,6 +75,12 @@ from .structures.apply import nqf_apply as nqf_apply
 from .structures.autodiff import (
     AutodiffStructureMatrix as AutodiffStructureMatrix,
     structure_from_layer as structure_from_layer,
+)
+from .structures.registry import (
+    make_structure as make_structure,
+    structure_arguments as structure_arguments,
+    structure_class as structure_class,
+    structure_names as structure_names,
 )
 from .sweep import (
     SweepResult as SweepResult,

@@ -25,26 +25,31 @@ def random_input(structure: nqfjax.Structure, key, dtype=jnp.float64):
 
 
 def all_structures():
-    """A small instance of every structure and variant (the list tests parametrise
-    over). Pair with `ids=structure_id`."""
+    """A small instance of every registered structure and variant (the list tests
+    parametrise over). Pair with `ids=structure_id`."""
     return list(_all_structures())
+
+
+#: (registered name, constructor arguments) of each instance in `all_structures`;
+#: `test_structures` checks that every name of `nqfjax.structure_names()` is here.
+STRUCTURE_CASES = (
+    ("perceptron", dict(d=3, k=2)),
+    ("perceptron", dict(d=3, k=1, activation=jnp.sin)),
+    ("quadratic", dict(d=4)),
+    ("qk_attention", dict(T=4, d=3, k=2, softmax=False)),
+    ("qk_attention", dict(T=4, d=3, k=2, softmax=True, temperature=2.0, query=1)),
+    ("ov_attention", dict(T=4, d=3, k=2)),
+    ("ov_attention", dict(T=4, d=3, k=1, learn_qk=True)),
+    ("moe", dict(d=3, k=2, experts=3)),
+    ("moe", dict(d=3, experts=3, gate="factor")),
+    ("conv1d", dict(length=7, kernel_size=3, stride=2, activation=jax.nn.silu)),
+    ("conv1d", dict(length=6, kernel_size=2, pool=True)),
+)
 
 
 @functools.cache
 def _all_structures():
-    return (
-        nqfjax.Perceptron(d=3, k=2),
-        nqfjax.Perceptron(d=3, k=1, activation=jnp.sin),
-        nqfjax.QuadraticNet(d=4),
-        nqfjax.QKAttention(T=4, d=3, k=2, softmax=False),
-        nqfjax.QKAttention(T=4, d=3, k=2, softmax=True, temperature=2.0, query=1),
-        nqfjax.OVAttention(T=4, d=3, k=2),
-        nqfjax.OVAttention(T=4, d=3, k=1, learn_qk=True),
-        nqfjax.MixtureOfExperts(d=3, k=2, experts=3),
-        nqfjax.MixtureOfExperts(d=3, experts=3, gate="factor"),
-        nqfjax.Conv1D(length=7, kernel_size=3, stride=2, activation=jax.nn.silu),
-        nqfjax.Conv1D(length=6, kernel_size=2, pool=True),
-    )
+    return tuple(nqfjax.structure_class(n)(**kw) for n, kw in STRUCTURE_CASES)
 
 
 def structure_id(structure) -> str:

@@ -93,5 +93,7 @@ def test_bad_input(getkey):
         nqfjax.nqf_apply(s, jnp.ones((5, 2)), x.at[0].set(jnp.nan))
     with pytest.raises(Exception, match="`W` contains NaN"):
         jax.jit(lambda W: nqfjax.nqf_apply(s, W, x))(jnp.full((5, 2), jnp.nan))
-    with pytest.raises(ValueError, match="`structure` must be an nqfjax.Structure"):
+    with pytest.raises(
+        ValueError, match="`structure` must be an nqfjax.AbstractStructure"
+    ):
         nqfjax.nqf_apply("perceptron", jnp.ones((5, 2)), x)  # pyright: ignore

@@ -1,11 +1,14 @@
 """The structures: real layers against their quadratic forms (THEORY.md section 1)."""
 
+import inspect
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    STRUCTURE_CASES,
     all_structures,
     jit_A,
     jit_layer,
@@ -108,8 +111,8 @@ def test_A_symmetric(structure, getkey):
 def test_batch_contractions_match_A(structure, getkey):
     """The batch hooks that sampled tasks and the quadratic model use instead of
     `A` (closed forms for the perceptron, dense defaults elsewhere):
-    `_contract(xs, X)_sj = Tr[A_j(x_s) X]` for symmetric `X`, and
-    `_weighted_sum(xs, c) = sum_sj c_sj A_j(x_s)`, against the stacked `A`."""
+    `contract(xs, X)_sj = Tr[A_j(x_s) X]` for symmetric `X`, and
+    `weighted_sum(xs, c) = sum_sj c_sj A_j(x_s)`, against the stacked `A`."""
     b = 5
     xs = jnp.stack([random_input(structure, getkey()) for _ in range(b)])
     A = jnp.stack([jit_A(structure, x) for x in xs])  # (b, k, p, p)
@@ -118,13 +121,13 @@ def test_batch_contractions_match_A(structure, getkey):
     c = jax.random.normal(getkey(), (b, structure.k))
     # the same sums in another order: float64 roundoff only
     np.testing.assert_allclose(
-        structure._contract(xs, X),
+        structure.contract(xs, X),
         jnp.einsum("bkij,ij->bk", A, X),
         rtol=1e-12,
         atol=1e-12,
     )
     np.testing.assert_allclose(
-        structure._weighted_sum(xs, c),
+        structure.weighted_sum(xs, c),
         jnp.einsum("bk,bkij->ij", c, A),
         rtol=1e-12,
         atol=1e-12,
@@ -294,14 +297,17 @@ def test_bad_inputs(structure, getkey):
         structure.layer(jnp.zeros(structure.p), x)
     with pytest.raises(ValueError, match="`w` must have shape"):
         structure.unit(jnp.zeros(structure.p + 1), x)
+    # Values are checked by the entry points (`nqf_apply`, `task_from_samples`,
+    # `train`), not by these per-input methods, which run inside their loops:
+    # a NaN input propagates, it is never replaced by a finite number.
     nan_x = x.at[(0,) * x.ndim].set(jnp.nan)
+    assert np.any(np.isnan(jit_A(structure, nan_x)))
+    assert np.all(np.isnan(jit_layer(structure, W, nan_x)))
     with pytest.raises(ValueError, match="`x` contains NaN"):
-        structure.A(nan_x)
-    with pytest.raises(ValueError, match="`W` contains NaN"):
-        structure.layer(W.at[0, 0].set(jnp.inf), x)
+        nqfjax.nqf_apply(structure, W, nan_x)
     # Under jit the same message arrives through eqx.error_if at run time.
-    with pytest.raises(Exception, match="`x` contains NaN"):
-        jit_A(structure, nan_x)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="`x` contains NaN"):
+        jit_nqf(structure, W, nan_x)
 
 
 @pytest.mark.parametrize(
@@ -410,3 +416,156 @@ def test_closed_forms_follow_the_table():
     np.testing.assert_allclose(
         jit_A(pooled, signal)[0], pair([1.0], X.mean(0)), atol=1e-15
     )
+
+
+# --------------------------------------------------------------------------------
+# AbstractStructure: the abstract/final pattern and a user's own structure
+
+BUILTIN_CLASSES = (
+    nqfjax.Perceptron,
+    nqfjax.QuadraticNet,
+    nqfjax.QKAttention,
+    nqfjax.OVAttention,
+    nqfjax.MixtureOfExperts,
+    nqfjax.Conv1D,
+)
+
+
+def test_abstract_and_final():
+    assert nqfjax.Structure is nqfjax.AbstractStructure
+    with pytest.raises(TypeError):
+        nqfjax.AbstractStructure()  # pyright: ignore
+    for cls in BUILTIN_CLASSES:
+        assert issubclass(cls, nqfjax.AbstractStructure)
+        with pytest.raises(TypeError, match=f"`{cls.__name__}` is final"):
+            type("Sub", (cls,), {})
+
+
+def _docstring_example():
+    """The `Bilinear` structure written out in `nqfjax.structures.base`'s
+    docstring, executed as a user would paste it."""
+    import nqfjax.structures.base as base_module
+
+    code = base_module.__doc__.split("```python\n")[1].split("```")[0]
+    namespace = {}
+    exec(code, namespace)
+    return namespace["Bilinear"](d=3)
+
+
+def test_user_structure_from_the_docs(getkey):
+    """The documented recipe gives a working structure: `A` equals half the
+    Hessian of its unit (autodiff), the units add up exactly, the inherited
+    batch hooks equal the stacked `A`, and a sampled task through it equals the
+    dense reference (all float64 round-off)."""
+    s = _docstring_example()
+    assert (s.p, s.k, s.input_shape, s.additive) == (6, 1, (3,), True)
+    xs = jax.random.normal(getkey(), (5, 3))
+    x = xs[0]
+    auto = nqfjax.structure_from_layer(s.unit, s.p)
+    np.testing.assert_allclose(s.A(x), auto(x), rtol=0, atol=1e-12)
+    W = jax.random.normal(getkey(), (6, 4))
+    units = sum(s.unit(W[:, i], x) for i in range(4))
+    np.testing.assert_allclose(s.layer(W, x), units, rtol=1e-13)
+    # the quadratic form is exact here: Tr[W W^T A(x)] = layer
+    np.testing.assert_allclose(
+        nqfjax.nqf_apply(s, W, x), s.layer(W, x), rtol=1e-12, atol=1e-13
+    )
+    A = jax.vmap(s.A)(xs)
+    X = jax.random.normal(getkey(), (6, 6))
+    X = X + X.T
+    c = jax.random.normal(getkey(), (5, 1))
+    np.testing.assert_allclose(
+        s.contract(xs, X), jnp.einsum("bkij,ij->bk", A, X), rtol=1e-12, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        s.weighted_sum(xs, c), jnp.einsum("bk,bkij->ij", c, A), rtol=1e-12
+    )
+    ys = jax.random.normal(getkey(), (5, 1))
+    task = nqfjax.task_from_samples(s, xs, ys, batch_size=2)
+    K4 = jnp.einsum("skij,skab->ijab", A, A) / 5
+    np.testing.assert_allclose(
+        task.K(X), jnp.einsum("ijab,ab->ij", K4, X), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_legacy_private_spellings(getkey):
+    """A subclass written against the previous release (`_A`, `_unit`, `_layer`,
+    here wrapping a `QuadraticNet`) still works, with a `DeprecationWarning`
+    naming the new method; so do the old private hook names on a built-in."""
+    base = nqfjax.QuadraticNet(d=3)
+    with pytest.warns(DeprecationWarning, match="implement `A`, `unit`, `layer`"):
+
+        class Old(nqfjax.Structure):
+            inner: nqfjax.QuadraticNet
+            k = 1
+            additive = True
+            p = property(lambda self: self.inner.p)
+            input_shape = property(lambda self: self.inner.input_shape)
+
+            def _A(self, x):
+                return 2.0 * self.inner.A(x)
+
+            def _unit(self, w, x):
+                return 2.0 * self.inner.unit(w, x)
+
+            def _layer(self, W, x):
+                return 2.0 * self.inner.layer(W, x)
+
+    old = Old(base)
+    x = jax.random.normal(getkey(), (3,))
+    W = jax.random.normal(getkey(), (3, 2))
+    # the public names forward to the old implementations (exact: one product)
+    np.testing.assert_array_equal(old.A(x), 2.0 * base.A(x))
+    np.testing.assert_array_equal(old.layer(W, x), 2.0 * base.layer(W, x))
+    np.testing.assert_array_equal(old.unit(W[:, 0], x), 2.0 * base.unit(W[:, 0], x))
+    xs = jax.random.normal(getkey(), (4, 3))
+    M = W @ W.T
+    with pytest.warns(DeprecationWarning, match="use `contract`"):
+        got = base._contract(xs, M)
+    np.testing.assert_array_equal(got, base.contract(xs, M))
+    with pytest.warns(DeprecationWarning, match="use `layer`"):
+        got = base._layer(W, x)
+    np.testing.assert_array_equal(got, base.layer(W, x))
+
+
+# --------------------------------------------------------------------------------
+# The registry
+
+
+def test_registry_covers_the_tests_and_the_constructors():
+    """Every registered structure is in the list the tests parametrise over, every
+    argument it lists is a keyword of its constructor, and `make_structure` with
+    no arguments is the default instance."""
+    names = nqfjax.structure_names()
+    assert set(names) == {n for n, _ in STRUCTURE_CASES}
+    assert {nqfjax.structure_class(n) for n in names} == set(BUILTIN_CLASSES)
+    for name in names:
+        cls = nqfjax.structure_class(name)
+        params = inspect.signature(cls).parameters
+        for arg, kind in nqfjax.structure_arguments(name).items():
+            assert arg in params, (name, arg)
+            assert kind in (int, float, bool, str)
+        assert nqfjax.make_structure(name) == cls()
+    s = nqfjax.make_structure("conv1d", length=9, stride=2, pool=True)
+    assert s == nqfjax.Conv1D(length=9, stride=2, pool=True)
+    # an int where a float is expected
+    assert nqfjax.make_structure("qk_attention", temperature=2).temperature == 2.0
+    with pytest.raises(TypeError):
+        nqfjax.structure_arguments("perceptron")["d"] = float  # read-only
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="did you mean 'perceptron'"):
+        nqfjax.make_structure("perceptrn")
+    with pytest.raises(ValueError, match="`name` must be one of"):
+        nqfjax.structure_class(3)  # pyright: ignore
+    with pytest.raises(ValueError, match="`activation` is not an argument"):
+        nqfjax.make_structure("perceptron", activation=jnp.sin)
+    with pytest.raises(ValueError, match="`d` of 'perceptron' must be of type int"):
+        nqfjax.make_structure("perceptron", d=True)
+    with pytest.raises(ValueError, match="`pool` of 'conv1d' must be of type bool"):
+        nqfjax.make_structure("conv1d", pool=1)
+    with pytest.raises(ValueError, match="`temperature` .* must be of type float"):
+        nqfjax.make_structure("qk_attention", temperature="hot")
+    with pytest.raises(ValueError, match="`gate`"):  # the constructor's own check
+        nqfjax.make_structure("moe", gate="top1")

@@ -358,12 +358,12 @@ def _train(
     Z = jr.normal(init_key, (p, width), dtype) if W0 is None else W0
     W = init_scale * Z
 
-    # The checked public methods were applied once above; the loop calls the
-    # unchecked implementations so that no value check runs at every step.
+    # The data were checked once in `train`; a structure's `layer` and `contract`
+    # check only (static) shapes, so no value check runs at every step.
     if model == "layer":
 
         def predict(W, xb):
-            return jax.vmap(structure._layer, in_axes=(None, 0))(W, xb)
+            return jax.vmap(structure.layer, in_axes=(None, 0))(W, xb)
 
         targets = ys
     else:
@@ -371,10 +371,10 @@ def _train(
         def predict(W, xb):
             # Tr[W W^T A_j(x_s)] for the batch, through the structure's contraction
             # (closed form for the perceptron: no A(x) is built)
-            return structure._contract(xb, W @ W.T)
+            return structure.contract(xb, W @ W.T)
 
         # the quadratic model is f(x; 0) + Tr[W W^T A(x)]: its form learns y - f(x; 0)
-        offsets = jax.vmap(structure._layer, in_axes=(None, 0))(
+        offsets = jax.vmap(structure.layer, in_axes=(None, 0))(
             jnp.zeros((p, width), dtype), xs
         )
         targets = ys - offsets

@@ -26,14 +26,8 @@ from ..engines.lv import lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
 from ..engines.train import train
 from ..io import atomic_write_text, versions
-from ..structures import (
-    Conv1D,
-    MixtureOfExperts,
-    OVAttention,
-    Perceptron,
-    QKAttention,
-    QuadraticNet,
-)
+from ..structures.perceptron import Perceptron
+from ..structures.registry import make_structure, structure_class, structure_names
 from ..sweep import sweep
 from ..tasks.power_law import power_law_task
 from ..tasks.sampled import task_from_samples
@@ -227,16 +221,16 @@ def _power_law(cfg: DemoConfig):
 def _structure_matrices(seed: int) -> dict[str, np.ndarray]:
     key = jax.random.key(seed)
     out = {}
-    for name, s in [
-        ("Perceptron", Perceptron()),
-        ("QuadraticNet", QuadraticNet()),
-        ("QKAttention (softmax)", QKAttention()),
-        ("QKAttention (linear)", QKAttention(softmax=False)),
-        ("OVAttention", OVAttention()),
-        ("MixtureOfExperts (softmax)", MixtureOfExperts()),
-        ("MixtureOfExperts (factor gate)", MixtureOfExperts(gate="factor")),
-        ("Conv1D", Conv1D()),
-    ]:
+    # every registered structure at its defaults, and the other branch of the
+    # two whose `A` changes form with a flag
+    named = [
+        (structure_class(n).__name__, make_structure(n)) for n in structure_names()
+    ]
+    named += [
+        ("QKAttention (linear)", make_structure("qk_attention", softmax=False)),
+        ("MixtureOfExperts (factor gate)", make_structure("moe", gate="factor")),
+    ]
+    for name, s in named:
         key, sub = jax.random.split(key)
         out[name] = np.asarray(s.A(jax.random.normal(sub, s.input_shape))[0])
     return out

@@ -31,7 +31,7 @@ init_scale = [1e-4, 1e-2]       # sigma > 0 (required)
 learning_rate = [0.05]          # eta > 0 (required)
 seed = [0, 1]                   # initialisation and minibatch seeds, >= 0
 optimizer = ["gd", "adam"]      # "gd", "momentum" or "adam"
-architecture = ["perceptron"]   # see ARCHITECTURES
+architecture = ["perceptron"]   # see nqfjax.structure_names()
 
 [architectures.perceptron]      # optional constructor arguments
 d = 4
@@ -61,54 +61,18 @@ import optax
 
 from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, versions, write_figure, write_json
-from ..structures import (
-    Conv1D,
-    MixtureOfExperts,
-    OVAttention,
-    Perceptron,
-    QKAttention,
-    QuadraticNet,
-)
 from ..structures.base import Structure
+from ..structures.registry import (
+    make_structure,
+    structure_arguments,
+    structure_names,
+)
 from ..sweep import grid_product, sweep
 
 
 # --------------------------------------------------------------------------------
 # the sweep configuration
 
-
-#: Architectures a sweep may use: name -> (class, {constructor argument: type}).
-ARCHITECTURES: dict[str, tuple[type[Structure], dict[str, type]]] = {
-    "perceptron": (Perceptron, {"d": int, "k": int}),
-    "quadratic": (QuadraticNet, {"d": int}),
-    "qk_attention": (
-        QKAttention,
-        {
-            "T": int,
-            "d": int,
-            "k": int,
-            "query": int,
-            "softmax": bool,
-            "temperature": float,
-        },
-    ),
-    "ov_attention": (
-        OVAttention,
-        {
-            "T": int,
-            "d": int,
-            "k": int,
-            "query": int,
-            "learn_qk": bool,
-            "temperature": float,
-        },
-    ),
-    "moe": (MixtureOfExperts, {"d": int, "k": int, "experts": int, "gate": str}),
-    "conv1d": (
-        Conv1D,
-        {"length": int, "kernel_size": int, "stride": int, "pool": bool},
-    ),
-}
 
 #: Optimizers a sweep may use: name -> factory `learning_rate -> optax transform`
 #: (`None`: plain gradient descent, `optax.sgd`; minibatch SGD with `batch_size`).
@@ -184,8 +148,7 @@ class SweepConfig:
 
     def structure(self, architecture: str) -> Structure:
         """The `Structure` instance of one architecture of the grid."""
-        cls, _ = ARCHITECTURES[architecture]
-        return cls(**self.architectures.get(architecture, {}))
+        return make_structure(architecture, **self.architectures.get(architecture, {}))
 
 
 def _unknown(where: str, key: str, allowed) -> ValueError:
@@ -215,7 +178,7 @@ def _check_value(name: str, kind, value):
             raise ValueError(f"{name} has repeated values: {value!r}.")
         return out
     if kind in ("optimizer", "architecture"):
-        names = OPTIMIZERS if kind == "optimizer" else ARCHITECTURES
+        names = OPTIMIZERS if kind == "optimizer" else structure_names()
         if not isinstance(value, str) or value not in names:
             raise ValueError(
                 f"{name}: unknown {kind} {value!r}; choose from {', '.join(names)}."
@@ -300,11 +263,11 @@ def parse_sweep_config(
         raise ValueError(f"[architectures] must be a table, got {given!r}.")
     architectures = {}
     for arch, options in given.items():
-        if arch not in ARCHITECTURES:
-            raise _unknown("architectures.", arch, ARCHITECTURES)
+        if arch not in structure_names():
+            raise _unknown("architectures.", arch, structure_names())
         if not isinstance(options, Mapping):
             raise ValueError(f"[architectures.{arch}] must be a table.")
-        types = ARCHITECTURES[arch][1]
+        types = structure_arguments(arch)
         checked = {}
         for key, value in options.items():
             if key not in types:

@@ -4,10 +4,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._checks import finite
-from .base import Structure
+from .base import AbstractStructure, check_input
 
 
-def nqf_apply(structure: Structure, W: Float[Array, "p m"], x) -> Float[Array, " k"]:
+def nqf_apply(
+    structure: AbstractStructure, W: Float[Array, "p m"], x
+) -> Float[Array, " k"]:
     r"""The quadratic model $f_j(x) = \mathrm{Tr}[W W^\top A_j(x)]$ for one input.
 
     Computed as $\sum_i w_i^\top A_j(x) w_i$ without forming `W W^T`. Batch over
@@ -21,13 +23,14 @@ def nqf_apply(structure: Structure, W: Float[Array, "p m"], x) -> Float[Array, "
 
     **Returns:** shape `(k,)`.
 
-    **Raises:** `ValueError` if `structure` is not a `Structure`, if `W` is not
-    `(p, m)` or `x` not `structure.input_shape`, or (also under `jit`, via
+    **Raises:** `ValueError` if `structure` is not an `AbstractStructure`, if `W`
+    is not `(p, m)` or `x` not `structure.input_shape`, or (also under `jit`, via
     `eqx.error_if`) if `W` or `x` contains NaN or inf.
     """
-    if not isinstance(structure, Structure):
+    if not isinstance(structure, AbstractStructure):
         raise ValueError(
-            f"`structure` must be an nqfjax.Structure, got {type(structure).__name__}."
+            "`structure` must be an nqfjax.AbstractStructure, got "
+            f"{type(structure).__name__}."
         )
     W = jnp.asarray(W)
     if W.ndim != 2 or W.shape[0] != structure.p:
@@ -35,5 +38,6 @@ def nqf_apply(structure: Structure, W: Float[Array, "p m"], x) -> Float[Array, "
             f"`W` must have shape (p, m) = ({structure.p}, m), got {W.shape}."
         )
     W = finite("W", W)
+    x = finite("x", check_input(structure, x))
     A = structure.A(x)
     return jnp.einsum("im,kij,jm->k", W, A, W)

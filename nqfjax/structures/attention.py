@@ -1,5 +1,7 @@
 """Attention: the query-key circuit and the value-output circuit of softmax heads."""
 
+from typing import final
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -7,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import is_concrete
-from .base import Structure
+from .base import AbstractStructure, check_input, check_unit, check_weights
 
 
 def _default_values(T: int, k: int) -> Float[Array, "T k"]:
@@ -42,7 +44,8 @@ def _pair_block(left, right, dtype, p: int, offset: int = 0):
     return out.at[offset + n_l : offset + n_l + n_r, offset : offset + n_l].set(half.T)
 
 
-class QKAttention(Structure):
+@final
+class QKAttention(AbstractStructure):
     r"""The query-key circuit of one attention head, with fixed values.
 
     Input: tokens `x` of shape `(T, d)`. The output at the query token `a` is
@@ -158,7 +161,8 @@ class QKAttention(Structure):
             return (v - jnp.mean(v, axis=0, keepdims=True)).T @ x / self.T
         return v.T @ x
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         xa = x[self.query]
         z = self._z(x) / self.temperature
         return jax.vmap(lambda zj: _pair_block(xa, zj, x.dtype, self.p))(z)
@@ -174,17 +178,20 @@ class QKAttention(Structure):
             return jax.nn.softmax(s) @ v
         return s @ v
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         return self._mix(self._logits(W, x), x)
 
-    def _unit(self, w, x):
-        out = self._layer(w[:, None], x)
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
+        out = self.layer(w[:, None], x)
         if self.softmax:
             out = out - jnp.mean(self.values.astype(x.dtype), axis=0)
         return out
 
 
-class OVAttention(Structure):
+@final
+class OVAttention(AbstractStructure):
     r"""The value-output circuit of `m` softmax attention heads (one head per unit).
 
     Input: tokens `x` of shape `(T, d)`. Head `h` has value vector $v_h \in R^d$
@@ -254,12 +261,14 @@ class OVAttention(Structure):
     def additive(self) -> bool:
         return True
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         xbar = jnp.mean(x, axis=0)
         eye = jnp.eye(self.k, dtype=x.dtype)
         return jax.vmap(lambda e: _pair_block(e, xbar, x.dtype, self.p))(eye)
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         k, d = self.k, self.d
         Out, V = W[:k], W[k : k + d]
         if self.learn_qk:
@@ -270,5 +279,6 @@ class OVAttention(Structure):
             mixed = jnp.broadcast_to(jnp.mean(x, axis=0), (W.shape[1], d))
         return Out @ jnp.sum(V.T * mixed, axis=1)
 
-    def _unit(self, w, x):
-        return self._layer(w[:, None], x)
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
+        return self.layer(w[:, None], x)

@@ -1,33 +1,87 @@
-"""The abstract `Structure`: a layer that is a sum over interchangeable units."""
+r"""`AbstractStructure`: a layer that is a sum over interchangeable units.
+
+Near small weights every such layer is, to leading order, the quadratic form
+$f_j(x; W) - f_j(x; 0) = \mathrm{Tr}[W W^\top A_j(x)]$, and everything nqfjax
+computes from data -- sampled tasks, the M-space flow, the quadratic model in
+`train` -- reaches the structure through the few methods declared here.
+
+## Writing your own structure
+
+Either give the unit function to `structure_from_layer` (automatic
+differentiation finds `A(x)`; nothing else to write), or subclass
+`AbstractStructure` and implement its abstract attributes and methods. Concrete
+classes are final: to change a built-in, wrap it (hold it as a field and forward
+to it) rather than subclass it.
+
+```python
+import typing
+import equinox as eqx
+import jax.numpy as jnp
+import nqfjax
+
+@typing.final
+class Bilinear(nqfjax.AbstractStructure):
+    # f(x) = sum_i (a_i . x)(b_i . x): unit w = (a, b), p = 2d, one output
+    d: int = eqx.field(static=True)
+    k = 1
+    additive = True
+
+    @property
+    def p(self):
+        return 2 * self.d
+
+    @property
+    def input_shape(self):
+        return (self.d,)
+
+    def A(self, x):  # (k, p, p) = (1, 2d, 2d)
+        xx = 0.5 * jnp.outer(x, x)
+        zero = jnp.zeros_like(xx)
+        return jnp.block([[zero, xx], [xx, zero]])[None]
+
+    def unit(self, w, x):
+        return (w[: self.d] @ x * (w[self.d :] @ x))[None]
+
+    def layer(self, W, x):
+        return jnp.sum((W[: self.d].T @ x) * (W[self.d :].T @ x))[None]
+```
+
+That is enough for `task_from_samples`, `solve_mflow` and `train`. They reach
+`A` only through the batch hooks `contract` and `weighted_sum`, whose defaults
+build `A(x_s)` for a chunk of samples, `O(b k p^2)` numbers; a structure whose
+`A(x)` is sparse or low-rank overrides them (and `sample_size`) with a closed
+form -- here `contract(xs, X)[s] = x_s^T (X_ab + X_ba) x_s / 2`, `O(d^2)` per
+sample instead of `O(p^2)` -- and should check the override against the default
+(`AbstractStructure.contract(self, xs, X)` calls it explicitly).
+"""
 
 import abc
+import os
+import sys
+import warnings
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._checks import check_shape, finite
+from .._checks import check_shape
 
 
-class Structure(eqx.Module):
-    r"""A layer whose units are interchangeable, and its structure matrix.
+class AbstractStructure(eqx.Module):
+    r"""A layer whose units are interchangeable, and its structure matrices.
 
     Near small weights every such layer is, to leading order, the quadratic form
 
     $$f_j(x; W) - f_j(x; 0) = \mathrm{Tr}[W W^\top A_j(x)] + O(|W|^3),
     \qquad A(x) = \tfrac12 \mathrm{Hess}_w \phi(0, x),$$
 
-    with `W` of shape `(p, m)` holding one unit per column (THEORY.md section 1).
+    with `W` of shape `(p, m)` holding one unit per column and $\phi(w, x)$ the
+    layer with the single unit `w` switched on, minus the layer at zero (see the
+    documentation's theory pages). See this module's docstring for how to write
+    your own.
 
-    Concrete structures implement `_A`, `_unit` and `_layer` for one input; the
-    public `A`, `unit` and `layer` check shapes and values first. Sampled tasks
-    (`task_from_samples`) reach `A` only through `_contract` and `_weighted_sum`
-    over a batch of inputs; their defaults build every `A(x_s)`, and a structure
-    whose `A` is sparse or low-rank overrides them (with `_sample_size`, the
-    numbers held per sample) so that `K` costs less than `O(n k p^2)`.
-
-    **Attributes:**
+    **Abstract attributes** (a field, a property or a class attribute):
 
     - `p`: parameters per unit.
     - `k`: number of outputs.
@@ -35,92 +89,248 @@ class Structure(eqx.Module):
     - `additive`: whether `layer(W, x) - layer(0, x)` is exactly the sum of
       `unit` over the columns of `W` (false for the softmax cases, where it
       holds to leading order).
-    - `max_units`: the most units (columns of `W`) the real layer holds, or
-      `None` when any number will do (a mixture of experts has a fixed number of
-      experts; the quadratic form itself takes any `m`).
+
+    **Abstract methods:** `A(x)`, `unit(w, x)`, `layer(W, x)`, each for one input
+    and without value checks (the library's entry points -- `nqf_apply`,
+    `task_from_samples`, `train` -- check their data once; these run in loops).
+
+    **Hooks with defaults** (override for speed; an override must equal the
+    default up to round-off): `contract(xs, X)`, `weighted_sum(xs, c)`,
+    `sample_size()`, and `max_units`.
     """
 
+    p: eqx.AbstractVar[int]
     k: eqx.AbstractVar[int]
+    input_shape: eqx.AbstractVar[tuple[int, ...]]
+    additive: eqx.AbstractVar[bool]
 
-    @property
-    @abc.abstractmethod
-    def p(self) -> int:
-        """Parameters per unit."""
-
-    @property
-    @abc.abstractmethod
-    def input_shape(self) -> tuple[int, ...]:
-        """The shape of one input."""
-
-    @property
-    @abc.abstractmethod
-    def additive(self) -> bool:
-        """Whether the layer is exactly the sum of its units plus its value at 0."""
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for base in cls.__bases__:
+            if getattr(base, "__final__", False):
+                raise TypeError(
+                    f"`{base.__name__}` is final and cannot be subclassed; wrap it "
+                    "instead (hold it as a field of an `AbstractStructure` subclass "
+                    "and forward to it)."
+                )
+        _install_legacy_hooks(cls)
 
     @property
     def max_units(self) -> int | None:
-        """The most units `layer` accepts (`None`: unbounded)."""
+        """The most units (columns of `W`) the real layer holds, or `None` when
+        any number will do (a mixture of experts has a fixed number of experts;
+        the quadratic form itself takes any `m`). Default `None`."""
         return None
 
     @abc.abstractmethod
-    def _A(self, x) -> Float[Array, "k p p"]: ...
-
-    @abc.abstractmethod
-    def _unit(self, w, x) -> Float[Array, " k"]: ...
-
-    @abc.abstractmethod
-    def _layer(self, W, x) -> Float[Array, " k"]: ...
-
-    def _contract(self, xs, X) -> Float[Array, "b k"]:
-        """`Tr[A_j(x_s) X]` for a batch `xs` (shape `(b, *input_shape)`) and a
-        symmetric `X` (shape `(p, p)`)."""
-        A = jax.vmap(self._A)(xs).astype(X.dtype)
-        return jnp.einsum("bkij,ij->bk", A, X)
-
-    def _weighted_sum(self, xs, c) -> Float[Array, "p p"]:
-        """`sum_s sum_j c_sj A_j(x_s)` for a batch `xs` and weights `c` (shape
-        `(b, k)`)."""
-        A = jax.vmap(self._A)(xs).astype(c.dtype)
-        return jnp.einsum("bk,bkij->ij", c, A)
-
-    def _sample_size(self) -> int:
-        """Numbers that `_contract` and `_weighted_sum` hold per sample (sets the
-        default chunk of samples in `task_from_samples`)."""
-        return self.k * self.p * self.p
-
-    def _check_x(self, x):
-        check_shape("x", x, self.input_shape)
-        return finite("x", jnp.asarray(x))
-
     def A(self, x) -> Float[Array, "k p p"]:
-        """The structure matrices of one input, shape `(k, p, p)`, symmetric.
+        r"""The structure matrices of one input, $A_j(x) = \tfrac12
+        \mathrm{Hess}_w \phi_j(0, x)$.
 
         **Arguments:**
 
         - `x`: one input, shape `input_shape`.
+
+        **Returns:** shape `(k, p, p)`, each `A_j(x)` symmetric, in the dtype of `x`.
         """
-        return self._A(self._check_x(x))
 
+    @abc.abstractmethod
     def unit(self, w, x) -> Float[Array, " k"]:
-        """The layer with only the unit `w` (shape `(p,)`) switched on, minus the
-        layer at zero, at one input `x`. Shape `(k,)`."""
-        x = self._check_x(x)
-        check_shape("w", w, (self.p,))
-        return self._unit(finite("w", jnp.asarray(w)), x)
+        r"""$\phi(w, x)$: the layer with only the unit `w` switched on, minus the
+        layer at zero weights.
 
+        **Arguments:**
+
+        - `w`: one unit, shape `(p,)`.
+        - `x`: one input, shape `input_shape`.
+
+        **Returns:** shape `(k,)`.
+        """
+
+    @abc.abstractmethod
     def layer(self, W, x) -> Float[Array, " k"]:
-        """The real nonlinear layer with units as the columns of `W` (shape
-        `(p, m)`), at one input `x`. Shape `(k,)`."""
-        x = self._check_x(x)
-        W = jnp.asarray(W)
-        if W.ndim != 2 or W.shape[0] != self.p:
-            raise ValueError(
-                f"`W` must have shape (p, m) = ({self.p}, m) with units as columns, "
-                f"got {W.shape}."
-            )
-        if self.max_units is not None and W.shape[1] > self.max_units:
-            raise ValueError(
-                f"`W` must have at most {self.max_units} columns (units) for this "
-                f"layer, got shape {W.shape}."
-            )
-        return self._layer(finite("W", W), x)
+        r"""The real nonlinear layer $f(x; W)$ with units as the columns of `W`.
+
+        **Arguments:**
+
+        - `W`: weights, shape `(p, m)` (`m <= max_units`).
+        - `x`: one input, shape `input_shape`.
+
+        **Returns:** shape `(k,)`.
+        """
+
+    def contract(self, xs, X: Float[Array, "p p"]) -> Float[Array, "b k"]:
+        r"""$\mathrm{Tr}[A_j(x_s) X]$ for a batch of inputs: the quadratic model
+        $f_j(x_s) = \mathrm{Tr}[M A_j(x_s)]$ at `X = M`, and the inner step of
+        $K[X] = \frac1n \sum_{s,j} A_j(x_s) \mathrm{Tr}[A_j(x_s) X]$.
+
+        The default stacks `A(x_s)` (`O(b k p^2)` numbers); override it with a
+        closed form when `A(x)` is sparse or low-rank.
+
+        **Arguments:**
+
+        - `xs`: inputs, shape `(b, *input_shape)`.
+        - `X`: shape `(p, p)`, symmetric (implementations may read one triangle).
+
+        **Returns:** shape `(b, k)`, in the dtype of `X`.
+        """
+        A = jax.vmap(self.A)(xs).astype(X.dtype)
+        return jnp.einsum("bkij,ij->bk", A, X)
+
+    def weighted_sum(self, xs, c: Float[Array, "b k"]) -> Float[Array, "p p"]:
+        r"""$\sum_s \sum_j c_{sj} A_j(x_s)$ for a batch of inputs: the outer step
+        of `K` (with $c_{sj} = \mathrm{Tr}[A_j(x_s) X]$) and of $C$ (with the
+        targets).
+
+        The default stacks `A(x_s)` (`O(b k p^2)` numbers); override it with a
+        closed form when `A(x)` is sparse or low-rank.
+
+        **Arguments:**
+
+        - `xs`: inputs, shape `(b, *input_shape)`.
+        - `c`: weights, shape `(b, k)`.
+
+        **Returns:** shape `(p, p)`, symmetric, in the dtype of `c`.
+        """
+        A = jax.vmap(self.A)(xs).astype(c.dtype)
+        return jnp.einsum("bk,bkij->ij", c, A)
+
+    def sample_size(self) -> int:
+        """How many numbers `contract` and `weighted_sum` hold per sample: sets
+        the default chunk of samples in `task_from_samples`, so that the memory of
+        applying `K` is `O(batch_size * sample_size() + p^2)`. Default
+        `k * p * p` (the stacked `A(x_s)`); override it with the hooks."""
+        return self.k * self.p * self.p
+
+    # Deprecated private spellings of the methods above (kept for one release).
+
+    def _A(self, x):
+        _deprecated("_A", "A")
+        return self.A(x)
+
+    def _unit(self, w, x):
+        _deprecated("_unit", "unit")
+        return self.unit(w, x)
+
+    def _layer(self, W, x):
+        _deprecated("_layer", "layer")
+        return self.layer(W, x)
+
+    def _contract(self, xs, X):
+        _deprecated("_contract", "contract")
+        return self.contract(xs, X)
+
+    def _weighted_sum(self, xs, c):
+        _deprecated("_weighted_sum", "weighted_sum")
+        return self.weighted_sum(xs, c)
+
+    def _sample_size(self):
+        _deprecated("_sample_size", "sample_size")
+        return self.sample_size()
+
+
+#: The name nqfjax used before `AbstractStructure`; kept as an alias.
+Structure = AbstractStructure
+
+
+# --------------------------------------------------------------------------------
+# Checks the built-in structures run on their arguments. Only shapes: they are
+# static, so these cost nothing under `jit` (values are checked at the entry
+# points, once).
+
+
+def check_input(structure: AbstractStructure, x):
+    """`x` as an array, after checking that its shape is `structure.input_shape`."""
+    check_shape("x", x, tuple(structure.input_shape))
+    return jnp.asarray(x)
+
+
+def check_unit(structure: AbstractStructure, w):
+    """`w` as an array, after checking that its shape is `(p,)`."""
+    check_shape("w", w, (structure.p,))
+    return jnp.asarray(w)
+
+
+def check_weights(structure: AbstractStructure, W):
+    """`W` as an array, after checking that it is `(p, m)` with `m <= max_units`."""
+    W = jnp.asarray(W)
+    if W.ndim != 2 or W.shape[0] != structure.p:
+        raise ValueError(
+            f"`W` must have shape (p, m) = ({structure.p}, m) with units as columns, "
+            f"got {W.shape}."
+        )
+    cap = structure.max_units
+    if cap is not None and W.shape[1] > cap:
+        raise ValueError(
+            f"`W` must have at most {cap} columns (units) for this layer, got "
+            f"shape {W.shape}."
+        )
+    return W
+
+
+# --------------------------------------------------------------------------------
+# The private spellings of a previous release
+
+_LEGACY = {
+    "_A": "A",
+    "_unit": "unit",
+    "_layer": "layer",
+    "_contract": "contract",
+    "_weighted_sum": "weighted_sum",
+    "_sample_size": "sample_size",
+}
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"`Structure.{old}` is deprecated: use `{new}`.",
+        DeprecationWarning,
+        stacklevel=_caller_stacklevel(),
+    )
+
+
+def _install_legacy_hooks(cls) -> None:
+    """A subclass written for the previous release implements `_A`, `_unit`,
+    `_layer` (and maybe `_contract`, `_weighted_sum`, `_sample_size`): forward the
+    public names to them, with a `DeprecationWarning`."""
+    found = {
+        old: new
+        for old, new in _LEGACY.items()
+        if old in cls.__dict__ and new not in cls.__dict__
+    }
+    if not found:
+        return
+    warnings.warn(
+        f"`{cls.__name__}` implements {', '.join(f'`{o}`' for o in found)}, "
+        "deprecated spellings: implement "
+        f"{', '.join(f'`{n}`' for n in found.values())} instead.",
+        DeprecationWarning,
+        stacklevel=_caller_stacklevel(),
+    )
+    for old, new in found.items():
+        setattr(cls, new, _forward(old))
+
+
+def _forward(old: str):
+    def method(self, *args):
+        return getattr(type(self), old)(self, *args)
+
+    return method
+
+
+def _caller_stacklevel() -> int:
+    """The `stacklevel`, for a `warnings.warn` in the calling function, of the
+    first frame outside this module, equinox and `abc`: the user's call, or the
+    class statement of the subclass being created."""
+    skip = (
+        os.path.dirname(os.path.abspath(eqx.__file__)),
+        os.path.abspath(__file__),
+        os.path.abspath(abc.__file__),
+    )
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(skip) or name.startswith("<frozen")):
+            break
+        frame, level = frame.f_back, level + 1
+    return level

@@ -1,16 +1,18 @@
 """One-dimensional convolution with channels as units."""
 
 from collections.abc import Callable
+from typing import final
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Structure
+from .base import AbstractStructure, check_input, check_unit, check_weights
 from .perceptron import _slope_at_zero
 
 
-class Conv1D(Structure):
+@final
+class Conv1D(AbstractStructure):
     r"""A 1-D convolution of a single-channel signal, one output channel per unit.
 
     Input `x` of shape `(length,)`. With kernel size `s` and stride `t` there are
@@ -92,7 +94,8 @@ class Conv1D(Structure):
         )
         return x[idx]
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         X = self.patches(x)
         if self.pool:
             X = jnp.mean(X, axis=0, keepdims=True)
@@ -103,7 +106,8 @@ class Conv1D(Structure):
         bottom = jnp.concatenate([X.T, jnp.zeros((s, s), x.dtype)], axis=1)
         return jnp.concatenate([top, bottom], axis=0)[None]
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         s = self.kernel_size
         readout, kernels = W[:-s], W[-s:]
         hidden = self.activation(self.patches(x) @ kernels)  # (P, m)
@@ -111,5 +115,6 @@ class Conv1D(Structure):
             return jnp.sum(readout[0] * jnp.mean(hidden, axis=0))[None]
         return jnp.sum(readout * hidden)[None]
 
-    def _unit(self, w, x):
-        return self._layer(w[:, None], x)
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
+        return self.layer(w[:, None], x)

@@ -1,17 +1,18 @@
 """Mixture of experts: a softmax router, or a gate that is itself a weight factor."""
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, final
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .base import Structure
+from .base import AbstractStructure, check_input, check_unit, check_weights
 from .perceptron import _slope_at_zero
 
 
-class MixtureOfExperts(Structure):
+@final
+class MixtureOfExperts(AbstractStructure):
     r"""A mixture of `experts` experts, one expert (with its router row) per unit.
 
     Input `x \in R^d`; each expert is a perceptron neuron $\sigma(u_e \cdot x)$
@@ -96,7 +97,8 @@ class MixtureOfExperts(Structure):
     def max_units(self) -> int:
         return self.experts
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         d, k, p = self.d, self.k, self.p
         if self.gate == "factor":
             xx = 0.5 * self.slope * jnp.outer(x, x)
@@ -111,7 +113,8 @@ class MixtureOfExperts(Structure):
 
         return jax.vmap(one)(jnp.arange(k))
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         d, k, m = self.d, self.k, W.shape[1]
         gate_logits = W[:d].T @ x
         hidden = self.activation(W[-d:].T @ x)
@@ -121,5 +124,6 @@ class MixtureOfExperts(Structure):
         g = jax.nn.softmax(padded)[:m]
         return W[d : d + k] @ (g * hidden)
 
-    def _unit(self, w, x):
-        return self._layer(w[:, None], x)
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
+        return self.layer(w[:, None], x)

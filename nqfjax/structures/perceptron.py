@@ -1,13 +1,14 @@
 """Two-layer perceptron: `f(x) = sum_i a_i sigma(u_i . x)` with k outputs."""
 
 from collections.abc import Callable
+from typing import final
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Structure
+from .base import AbstractStructure, check_input, check_unit, check_weights
 
 
 def _slope_at_zero(activation: Callable) -> float:
@@ -38,7 +39,8 @@ def _slope_at_zero_eager(activation: Callable) -> float:
     return slope
 
 
-class Perceptron(Structure):
+@final
+class Perceptron(AbstractStructure):
     r"""Two-layer perceptron with `k` outputs and `d` inputs.
 
     Unit `i` is `w_i = (a_i, u_i)` with readout `a_i \in R^k` first, so `p = k + d`,
@@ -82,7 +84,8 @@ class Perceptron(Structure):
     def additive(self) -> bool:
         return True
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         k, d = self.k, self.d
         off = (
             jnp.zeros((k, k, d), x.dtype)
@@ -98,20 +101,22 @@ class Perceptron(Structure):
     # A_j(x) is nonzero only in row/column j of the readout block: O(k d) per
     # sample instead of O(k p^2) (`task_from_samples` on wide inputs)
 
-    def _contract(self, xs, X):
+    def contract(self, xs, X):
         # Tr[A_j(x) X] = c X[j, k:] . x for symmetric X
         return self.slope * xs.astype(X.dtype) @ X[: self.k, self.k :].T
 
-    def _weighted_sum(self, xs, c):
+    def weighted_sum(self, xs, c):
         G = 0.5 * self.slope * c.T @ xs.astype(c.dtype)  # (k, d)
         out = jnp.zeros((self.p, self.p), c.dtype)
         return out.at[: self.k, self.k :].set(G).at[self.k :, : self.k].set(G.T)
 
-    def _sample_size(self):
+    def sample_size(self):
         return self.k + self.d
 
-    def _unit(self, w, x):
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
         return w[: self.k] * self.activation(jnp.dot(w[self.k :], x))
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         return W[: self.k] @ self.activation(W[self.k :].T @ x)

@@ -1,12 +1,15 @@
 """Quadratic network: `f(x) = sum_i (u_i . x)^2`."""
 
+from typing import final
+
 import equinox as eqx
 import jax.numpy as jnp
 
-from .base import Structure
+from .base import AbstractStructure, check_input, check_unit, check_weights
 
 
-class QuadraticNet(Structure):
+@final
+class QuadraticNet(AbstractStructure):
     r"""Quadratic network `f(x) = \sum_i (u_i \cdot x)^2`, one output.
 
     Unit `u_i \in R^d`, `p = d`, and the form is exact: `A(x) = x x^\top`.
@@ -38,11 +41,14 @@ class QuadraticNet(Structure):
     def additive(self) -> bool:
         return True
 
-    def _A(self, x):
+    def A(self, x):
+        x = check_input(self, x)
         return jnp.outer(x, x)[None]
 
-    def _unit(self, w, x):
+    def unit(self, w, x):
+        w, x = check_unit(self, w), check_input(self, x)
         return jnp.dot(w, x)[None] ** 2
 
-    def _layer(self, W, x):
+    def layer(self, W, x):
+        W, x = check_weights(self, W), check_input(self, x)
         return jnp.sum((W.T @ x) ** 2)[None]

@@ -11,7 +11,7 @@ from .._checks import (
     finite,
 )
 from .._linalg import _sym
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from .base import Task
 
 
@@ -19,21 +19,21 @@ from .base import Task
 # Tasks from samples
 
 
-def _default_batch_size(n: int, structure: Structure) -> int:
+def _default_batch_size(n: int, structure: AbstractStructure) -> int:
     # Keep what one chunk of samples holds (for most structures the matrices
     # A(x_s), (b, k, p, p)) near 2^21 numbers.
-    return int(max(1, min(n, 2**21 // max(1, structure._sample_size()))))
+    return int(max(1, min(n, 2**21 // max(1, structure.sample_size()))))
 
 
 def _chunked_sum(structure, xs, aux, coef, batch_size):
     r"""$\frac1n\sum_s\sum_j c_{sj} A_j(x_s)$ with `c = coef(x_b, aux_b)` (shape
     `(b, k)`) for each chunk of `batch_size` samples (a `lax.scan` over full
-    chunks, then the remainder), through the structure's `_weighted_sum`."""
+    chunks, then the remainder), through the structure's `weighted_sum`."""
     p, n, b = structure.p, xs.shape[0], batch_size
     dtype = aux.dtype
 
     def block(xb, ab):
-        return structure._weighted_sum(xb, coef(xb, ab).astype(dtype))
+        return structure.weighted_sum(xb, coef(xb, ab).astype(dtype))
 
     total = jnp.zeros((p, p), dtype)
     nb = n // b
@@ -64,7 +64,7 @@ def _sampled_K(structure, xs, X, batch_size):
     Xs = _sym(X).astype(xs.dtype)
     dummy = jnp.zeros((xs.shape[0], 0), xs.dtype)
     return _chunked_sum(
-        structure, xs, dummy, lambda xb, _: structure._contract(xb, Xs), batch_size
+        structure, xs, dummy, lambda xb, _: structure.contract(xb, Xs), batch_size
     )
 
 
@@ -75,7 +75,7 @@ def _offsets(structure, xs):
 
 
 class SampledTask(Task):
-    r"""The empirical task of `n` samples through a `Structure`:
+    r"""The empirical task of `n` samples through an `AbstractStructure`:
 
     $$K[X] = \frac1n \sum_s \sum_j A_j(x_s)\,\mathrm{Tr}[A_j(x_s) X], \qquad
     C = \frac1n \sum_s \sum_j \tilde y_{sj} A_j(x_s), \qquad
@@ -95,7 +95,7 @@ class SampledTask(Task):
     Build with `task_from_samples`.
     """
 
-    structure: Structure
+    structure: AbstractStructure
     xs: Array
     ys: Float[Array, "n k"]
     offsets: Float[Array, "n k"]
@@ -127,7 +127,7 @@ class SampledTask(Task):
 
 
 def task_from_samples(
-    structure: Structure,
+    structure: AbstractStructure,
     xs: ArrayLike,
     ys: Float[ArrayLike, "n k"],
     *,
@@ -168,8 +168,11 @@ def task_from_samples(
     **Raises:** `ValueError` for shapes that do not match the structure, `n = 0`
     or NaN in `xs` or `ys`.
     """
-    if not isinstance(structure, Structure):
-        raise ValueError(f"`structure` must be a Structure, got {type(structure)}.")
+    if not isinstance(structure, AbstractStructure):
+        raise ValueError(
+            "`structure` must be an nqfjax.AbstractStructure, got "
+            f"{type(structure).__name__}."
+        )
     xs, ys = jnp.asarray(xs), jnp.asarray(ys)
     shape = tuple(structure.input_shape)
     if xs.ndim != 1 + len(shape) or tuple(xs.shape[1:]) != shape:
