@@ -32,9 +32,9 @@ def _power_law_lv(alpha, beta):
     fitting window, so inside it this is the infinite spectrum exactly (without
     it, the missing tail would bend the curve near the end of the window)."""
     task = nqfjax.power_law_task(P, alpha, beta)
-    # built under jit, which skips LotkaVolterra's eager PSD check: an
-    # eigendecomposition of the dense P x P diagonal B (seconds, for nothing)
-    lv = jax.jit(lambda task: task.lotka_volterra(ETA))(task)
+    # B is diagonal, held as B_diag (O(P)): no P x P matrix is built or checked
+    lv = task.lotka_volterra(ETA)
+    assert lv.B_dense is None and lv.B_factor.shape == (P, 0)
     tail = 0.5 * scipy.special.zeta(alpha + 2 * beta, P + 1)
     return eqx.tree_at(lambda s: s.loss_offset, lv, lv.loss_offset + tail)
 
@@ -47,7 +47,7 @@ def _solve_independent(r, Bdiag, eps, ts):
     fine here since all modes are logistic curves of similar shape."""
 
     def one(r_k, B_k):
-        lv = nqfjax.LotkaVolterra(r_k[None], B_k[None, None])
+        lv = nqfjax.LotkaVolterra(r_k[None], B_diag=B_k[None])
         return nqfjax.solve_lv(lv, jnp.full((1,), eps), ts)[:, 0]
 
     return jax.vmap(one, out_axes=1)(r, Bdiag)
@@ -70,7 +70,7 @@ def test_rich_power_law(alpha, beta):
     t_lo, t_hi = t_on(k_lo), t_on(k_hi)
     assert np.log10(t_hi / t_lo) >= 1.4  # at least one decade (1.4-1.7 here)
     ts = np.geomspace(t_lo, t_hi, 160)
-    m = _solve_independent(lv.r, jnp.diag(lv.B), EPS, jnp.asarray(ts))
+    m = _solve_independent(lv.r, lv.self_interactions(), EPS, jnp.asarray(ts))
     loss = np.asarray(lv.loss(m))
 
     gamma_fit, worst = _fit_exponent(ts, loss)
@@ -189,6 +189,23 @@ def test_power_law_exponent_values_and_errors():
         nqfjax.power_law_exponent(np.nan, 1.0)
     with pytest.raises(ValueError, match="regime"):
         nqfjax.power_law_exponent(1.0, 0.5, "medium")
+    coupled = np.array([[1.0, 0.5], [0.5, 1.0]])
+    lv = nqfjax.LotkaVolterra(np.ones(2), coupled)
     with pytest.raises(ValueError, match="diagonal"):
-        lv = nqfjax.LotkaVolterra(np.ones(2), np.array([[1.0, 0.5], [0.5, 1.0]]))
         nqfjax.sharp_switch_loss(lv, 1e-8, np.ones(3))
+    # the same coupling as diag + rank one, and as a traced dense B under jit
+    lv = nqfjax.LotkaVolterra(
+        np.ones(2), B_diag=[0.5, 0.5], B_factor=np.sqrt(0.5) * np.ones((2, 1))
+    )
+    with pytest.raises(ValueError, match="diagonal.*rank-1"):
+        nqfjax.sharp_switch_loss(lv, 1e-8, np.ones(3))
+    ts = np.array([1.0, 100.0])  # both modes switch on at ln(1/1e-8) = 18.4
+
+    @jax.jit
+    def sharp(B):
+        return nqfjax.sharp_switch_loss(nqfjax.LotkaVolterra(np.ones(2), B), 1e-8, ts)
+
+    with pytest.raises(RuntimeError, match="must be diagonal"):
+        sharp(coupled)
+    # a traced diagonal B passes: m* = 1, loss 2 (1/2 - 1) once both are on
+    np.testing.assert_allclose(sharp(np.eye(2)), [0.0, -1.0], rtol=1e-14)

@@ -156,10 +156,12 @@ def test_bad_input():
         nnqp(np.eye(6), np.ones(6), jnp.ones(6))
     # ln(1/eps) must be > 0 (eps < 1) and a scalar
     for bad in (0.0, -1.0, np.nan, np.inf):
-        with pytest.raises(ValueError, match="log_eps"):
+        with pytest.raises(ValueError, match="log_inv_eps"):
             nqfjax.singular_limit(lv, bad)
-    with pytest.raises(ValueError, match="log_eps"):
+    with pytest.raises(ValueError, match="log_inv_eps"):
         nqfjax.singular_limit(lv, np.ones(2))
+    with pytest.raises(ValueError, match="max_events"):
+        nqfjax.singular_limit(lv, 10.0, max_events=2.5)
     # initial values: positive, shape (p,)
     for bad in (0.0, -1e-8, np.full(6, np.nan)):
         with pytest.raises(ValueError, match="m0"):
@@ -168,11 +170,51 @@ def test_bad_input():
         nqfjax.switch_on_times(lv, np.full(5, 1e-8))
     with pytest.raises(ValueError, match="m0"):
         nqfjax.singular_limit(lv, 10.0, m0=-np.ones(6))
-    # the event loop is eager: a traced system is refused with a clear message
-    with pytest.raises(ValueError, match="outside `jax.jit`"):
-        jax.jit(lambda lv: nqfjax.singular_limit(lv, 10.0).jump_times)(lv)
-    with pytest.raises(ValueError, match="outside `jax.jit`"):
-        jax.jit(lambda lv: nqfjax.switch_on_times(lv, 1e-8))(lv)
+
+
+def test_eager_functions_refuse_traced_arguments():
+    """The event loop runs in numpy: under `jit`/`vmap`/`grad` every traced
+    argument is refused with a `ValueError` that names it (not a
+    `TracerArrayConversionError` from inside numpy)."""
+    lv = _quadratic_network_lv(*ALL_ON)
+    traced = {
+        "lv": lambda lv_, x: nqfjax.singular_limit(lv_, 10.0).jump_times,
+        "log_inv_eps": lambda lv_, x: nqfjax.singular_limit(lv, x).jump_times,
+        "m0": lambda lv_, x: nqfjax.singular_limit(lv, 10.0, m0=x).jump_times,
+    }
+    for name, fn in traced.items():
+        with pytest.raises(ValueError, match=f"`{name}` is traced.*outside `jax.jit`"):
+            jax.jit(fn)(lv, 1e-8)
+    with pytest.raises(ValueError, match="`lv` is traced"):
+        jax.jit(lambda lv_: nqfjax.switch_on_times(lv_, 1e-8))(lv)
+    with pytest.raises(ValueError, match="`m0` is traced"):
+        jax.jit(lambda m0: nqfjax.switch_on_times(lv, m0))(1e-8)
+    with pytest.raises(ValueError, match="`m0` is traced"):
+        jax.vmap(lambda m0: nqfjax.switch_on_times(lv, m0))(jnp.full((2, 6), 1e-8))
+    with pytest.raises(ValueError, match="`log_inv_eps` is traced"):
+        jax.grad(lambda x: nqfjax.singular_limit(lv, x).jump_times[0])(10.0)
+    with pytest.raises(ValueError, match="max_events"):
+        jax.jit(lambda n: nqfjax.switch_on_times(lv, 1e-8, max_events=n))(5)
+    # concrete arguments, but inside a jit the NNQP would be staged
+    with pytest.raises(ValueError, match="run eagerly.*outside `jax.jit`"):
+        jax.jit(lambda: nqfjax.switch_on_times(lv, 1e-8))()
+    # the same calls with concrete values run (and agree with each other)
+    t = nqfjax.switch_on_times(lv, 1e-8, corrected=False)
+    st = nqfjax.singular_limit(lv, np.log(1e8))
+    np.testing.assert_allclose(t, st.switch_on_t, rtol=1e-12)
+
+
+def test_log_eps_is_a_deprecated_name():
+    lv = _quadratic_network_lv(*ALL_ON)
+    st = nqfjax.singular_limit(lv, 12.0)
+    assert float(st.log_inv_eps) == 12.0
+    with pytest.warns(DeprecationWarning, match="log_inv_eps"):
+        old = nqfjax.singular_limit(lv, log_eps=12.0)
+    np.testing.assert_array_equal(old.jump_times_tau, st.jump_times_tau)
+    with pytest.warns(DeprecationWarning, match="log_inv_eps"):
+        assert float(st.log_eps) == 12.0
+    with pytest.raises(TypeError, match="not both"):
+        nqfjax.singular_limit(lv, 12.0, log_eps=12.0)
 
 
 def test_singular_limit_float32():
@@ -383,7 +425,7 @@ def test_staircase_is_the_small_eps_limit(interacting_runs, name):
     J = np.asarray(st.jump_times_tau)
     assert len(J) >= 6
     L_stair = np.asarray(st.loss_tau(taus))
-    # the staircase in tau does not depend on the log_eps used to build it
+    # the staircase in tau does not depend on the ln(1/eps) used to build it
     st2 = nqfjax.singular_limit(lv, 37.0)
     np.testing.assert_allclose(st2.jump_times_tau, J, rtol=1e-12)
     np.testing.assert_allclose(st2.jump_times, 37.0 * J, rtol=1e-12)

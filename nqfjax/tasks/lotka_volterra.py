@@ -10,36 +10,57 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_ndim, check_shape, is_concrete
+from .._checks import check_ndim, check_shape, is_concrete, symmetric_psd
 
 
 class LotkaVolterra(eqx.Module):
-    r"""A Lotka-Volterra system with symmetric PSD interactions (THEORY.md section 3):
+    r"""A Lotka-Volterra system with symmetric PSD interactions:
 
     $$\frac{dm_k}{dt} = m_k\Big(r_k - \sum_l B_{kl} m_l\Big) - \delta\, m_k .$$
 
-    With `eta` the learning rate and `lam` the weight decay on `W`,
-    `r_k = 4 eta u_k^T C u_k`, `B_kl = 4 eta <u_k u_k^T, K[u_l u_l^T]>` and
-    `decay = 2 eta lam`; time counts gradient steps.
+    With `learning_rate` the learning rate and `lam` the weight decay on `W`,
+    `r_k = 4 learning_rate u_k^T C u_k`,
+    `B_kl = 4 learning_rate <u_k u_k^T, K[u_l u_l^T]>` and
+    `decay = 2 learning_rate lam`; time counts gradient steps (see the
+    documentation's theory pages).
+
+    `B` comes in one of two forms:
+
+    - dense: `LotkaVolterra(r, B)`, `B` of shape `(p, p)`, checked to be symmetric
+      and positive semi-definite (one `O(p^3)` eigenvalue computation). A concrete
+      `B` that is exactly diagonal is stored in the structured form with `q = 0`.
+    - structured: `LotkaVolterra(r, B_diag=d, B_factor=U)`, meaning
+      `B = diag(d) + U U^T` with `d` of shape `(p,)` and `U` of shape `(p, q)`
+      (`U` defaults to no columns: independent modes). It requires `d >= 0`,
+      which makes `B` symmetric and positive semi-definite by construction, so
+      the check costs `O(p q)`. The system then holds `O(p q)` memory, never the
+      `p x p` matrix, and the vector field and the implicit steps of `solve_lv`
+      cost `O(p q)` instead of `O(p^2)`-`O(p^3)`.
+
+    The checks hold eagerly (`ValueError`) and under `jax.jit`/`jax.vmap`
+    (through `eqx.error_if`, a runtime error with the same message).
 
     **Arguments:**
 
-    - `r`: growth rates, shape `(p,)`.
-    - `B`: interactions, shape `(p, p)`, symmetric positive semi-definite.
+    - `r`: growth rates, shape `(p,)`, finite.
+    - `B`: interactions, shape `(p, p)`, finite, symmetric positive semi-definite.
     - `decay`: the weight-decay rate `delta >= 0` (default 0).
-    - `B_diag`, `B_factor`: instead of `B`, the structure
-      `B = diag(B_diag) + B_factor @ B_factor.T` (shapes `(p,)` and `(p, q)`;
-      `B_factor` defaults to no columns, i.e. independent modes). Then the vector
-      field and the implicit steps of `solve_lv` cost `O(p q)` instead of
-      `O(p^2)`-`O(p^3)`; `B` is still materialised for the rest of the API. A
-      concrete `B` that is exactly diagonal is recognised as structured too.
+    - `B_diag`, `B_factor`: instead of `B`, the structured form above.
     - `loss_scale`, `loss_offset`: `loss(m) = loss_scale * (m^T B m / 2 - r^T m)
-      + loss_offset`; `lv_reduce` sets them (`1/(4 eta)` and `E|y|^2 / 2`) so that
-      `loss` is the task's loss at the diagonal `M`.
+      + loss_offset`; `lv_reduce` sets them (`1/(4 learning_rate)` and
+      `E|y|^2 / 2`) so that `loss` is the task's loss at the diagonal `M`.
+
+    **Fields:** `r`, `decay`, `loss_scale`, `loss_offset`; `B_dense` (the dense
+    matrix, or `None` for a structured system); `B_diag`, `B_factor` (or `None`
+    for a dense one). The property `B` gives the dense matrix in either case.
+
+    **Raises:** `ValueError` (eagerly; a runtime error naming the argument under
+    `jit`/`vmap`) for wrong shapes, non-finite `r`/`B`, a non-symmetric or
+    indefinite `B`, a negative `B_diag`, or `decay < 0`.
     """
 
     r: Float[Array, " p"]
-    B: Float[Array, "p p"]
+    B_dense: Float[Array, "p p"] | None
     decay: Float[Array, ""]
     loss_scale: Float[Array, ""]
     loss_offset: Float[Array, ""]
@@ -57,74 +78,80 @@ class LotkaVolterra(eqx.Module):
         loss_scale=1.0,
         loss_offset=0.0,
     ):
-        r = jnp.asarray(r)
         if (B is None) == (B_diag is None):
             raise ValueError("Give either `B` or `B_diag` (with optional `B_factor`).")
-        dtype = jnp.result_type(r, B if B is not None else B_diag, float)
-        if B is None:
-            B_diag = jnp.asarray(B_diag, dtype)
-            check_ndim("B_diag", B_diag, 1, "the diagonal of B")
-            if B_factor is None:
-                B_factor = jnp.zeros((B_diag.shape[0], 0), dtype)
-            B_factor = jnp.asarray(B_factor, dtype)
-            if B_factor.ndim != 2 or B_factor.shape[0] != B_diag.shape[0]:
-                raise ValueError(
-                    f"`B_factor` must have shape ({B_diag.shape[0]}, q), got "
-                    f"{B_factor.shape}."
-                )
-            B = jnp.diag(B_diag) + B_factor @ B_factor.T
-        else:
-            if B_factor is not None:
-                raise ValueError("`B_factor` goes with `B_diag`, not with `B`.")
+        if B is not None and B_factor is not None:
+            raise ValueError("`B_factor` goes with `B_diag`, not with `B`.")
+        leaves = [jnp.asarray(x) for x in (r, B, B_diag, B_factor) if x is not None]
+        dtype = jnp.result_type(*leaves, float)
+        r = jnp.asarray(r, dtype)
+        check_ndim("r", r, 1, "a vector of growth rates")
+        p = r.shape[0]
+        self.r = _finite("r", r)
+        if B is not None:
             B = jnp.asarray(B, dtype)
-            if is_concrete(B) and B.ndim == 2 and B.shape[0] == B.shape[1]:
-                Bn = np.asarray(B)
-                if np.count_nonzero(Bn - np.diag(np.diag(Bn))) == 0:
-                    B_diag = jnp.asarray(np.diag(Bn))
-                    B_factor = jnp.zeros((Bn.shape[0], 0), dtype)
-        self.r = r.astype(dtype)
-        self.B = B
-        self.decay = jnp.asarray(decay, dtype)
+            check_shape("B", B, (p, p))
+            diagonal = _concrete_diagonal(B)
+            if diagonal is None:
+                self.B_dense = symmetric_psd("B", B)
+                self.B_diag = self.B_factor = None
+            else:  # exactly diagonal: PSD iff the diagonal is >= 0
+                self.B_dense = None
+                self.B_diag = _nonnegative(
+                    "B",
+                    diagonal,
+                    "positive semi-definite (its diagonal, which is "
+                    "its eigenvalues, must be >= 0)",
+                )
+                self.B_factor = jnp.zeros((p, 0), dtype)
+        else:
+            B_diag = jnp.asarray(B_diag, dtype)
+            check_shape("B_diag", B_diag, (p,))
+            B_factor = jnp.zeros((p, 0), dtype) if B_factor is None else B_factor
+            B_factor = jnp.asarray(B_factor, dtype)
+            if B_factor.ndim != 2 or B_factor.shape[0] != p:
+                raise ValueError(
+                    f"`B_factor` must have shape ({p}, q), got {B_factor.shape}."
+                )
+            self.B_dense = None
+            self.B_diag = _nonnegative(
+                "B_diag",
+                B_diag,
+                "non-negative (this makes B = diag(B_diag) + "
+                "B_factor B_factor^T symmetric positive semi-definite)",
+            )
+            self.B_factor = _finite("B_factor", B_factor)
+        decay = jnp.asarray(decay, dtype)
+        check_shape("decay", decay, ())
+        self.decay = _nonnegative("decay", decay, ">= 0 (a weight-decay rate)")
         self.loss_scale = jnp.asarray(loss_scale, dtype)
         self.loss_offset = jnp.asarray(loss_offset, dtype)
-        self.B_diag = B_diag
-        self.B_factor = B_factor
-
-    def __check_init__(self):
-        check_ndim("r", self.r, 1, "a vector of growth rates")
-        p = self.r.shape[0]
-        check_shape("B", self.B, (p, p))
-        check_shape("decay", self.decay, ())
-        if is_concrete(self.r, self.B, self.decay):
-            r, B = np.asarray(self.r), np.asarray(self.B)
-            if not (np.all(np.isfinite(r)) and np.all(np.isfinite(B))):
-                raise ValueError("`r` and `B` must be finite.")
-            scale = np.max(np.abs(B)) if B.size else 0.0
-            if np.max(np.abs(B - B.T), initial=0.0) > 1e-6 * scale:
-                raise ValueError("`B` must be symmetric (THEORY.md section 3).")
-            diagonal = np.count_nonzero(B - np.diag(np.diag(B))) == 0
-            # a diagonal B (independent modes, thousands of them for power laws)
-            # is PSD iff its diagonal is non-negative: skip the O(p^3) eigvalsh
-            low = (
-                np.diag(B).min(initial=0.0)
-                if diagonal
-                else (np.linalg.eigvalsh(0.5 * (B + B.T)).min() if p else 0.0)
-            )
-            if low < -1e-6 * scale * p:
-                raise ValueError(
-                    "`B` must be positive semi-definite; its smallest eigenvalue is "
-                    f"{low:.3g}."
-                )
-            if not (np.isfinite(float(self.decay)) and float(self.decay) >= 0):
-                raise ValueError(f"`decay` must be >= 0, got {float(self.decay)}.")
+        check_shape("loss_scale", self.loss_scale, ())
+        check_shape("loss_offset", self.loss_offset, ())
 
     @property
     def p(self) -> int:
         return self.r.shape[0]
 
+    @property
+    def B(self) -> Float[Array, "p p"]:
+        """The dense interactions, shape `(p, p)`. For a structured system it is
+        built on each access (`O(p^2)` memory): prefer `interactions` and
+        `self_interactions`, which cost `O(p q)`."""
+        if self.B_dense is not None:
+            return self.B_dense
+        return jnp.diag(self.B_diag) + self.B_factor @ self.B_factor.T
+
+    def self_interactions(self) -> Float[Array, " p"]:
+        """The diagonal `B_kk`, shape `(p,)`, in `O(p q)`. `B` is PSD, so this is
+        also the largest `|B_kl|` of each row."""
+        if self.B_dense is not None:
+            return jnp.diag(self.B_dense)
+        return self.B_diag + jnp.sum(self.B_factor**2, axis=1)
+
     def interactions(self, m: Float[Array, "... p"]) -> Float[Array, "... p"]:
         """`B m` (any leading batch shape), in `O(p q)` when `B` is structured."""
-        return _interactions(self.B, self.B_diag, self.B_factor, m)
+        return _interactions(self.B_dense, self.B_diag, self.B_factor, m)
 
     def vector_field(self, m: Float[Array, " p"]) -> Float[Array, " p"]:
         """`dm/dt` at `m`, shape `(p,)`."""
@@ -137,11 +164,45 @@ class LotkaVolterra(eqx.Module):
 
     def fixed_point_isolated(self) -> Float[Array, " p"]:
         """`m*_k = (r_k - decay) / B_kk`: each mode's equilibrium on its own."""
-        return (self.r - self.decay) / jnp.diag(self.B)
+        return (self.r - self.decay) / self.self_interactions()
 
 
 def _interactions(B, B_diag, B_factor, m):
+    """`B m` from the dense `B` (when `B_diag` is None) or the structured form."""
     if B_diag is None:
         return m @ B  # B is symmetric
     d = B_diag.reshape((1,) * (jnp.ndim(m) - 1) + B_diag.shape)  # batch dims of m
     return d * m + (m @ B_factor) @ B_factor.T
+
+
+def _concrete_diagonal(B):
+    """The diagonal of a concrete, exactly diagonal `B`; None otherwise (traced,
+    or with a nonzero entry off the diagonal)."""
+    if not is_concrete(B):
+        return None
+    Bn = np.asarray(B)
+    diag = np.diag(Bn)
+    if np.count_nonzero(Bn - np.diag(diag)) != 0 or not np.all(np.isfinite(diag)):
+        return None
+    return jnp.asarray(diag, B.dtype)
+
+
+def _finite(name, x):
+    msg = f"`{name}` must be finite (it contains NaN or inf)."
+    if is_concrete(x):
+        if not np.all(np.isfinite(np.asarray(x))):
+            raise ValueError(msg)
+        return x
+    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), msg)
+
+
+def _nonnegative(name, x, what):
+    """`x`, checked finite and `>= 0` with a message saying why (`what`)."""
+    msg = f"`{name}` must be finite and {what}"
+    if is_concrete(x):
+        xn = np.asarray(x)
+        bad = ~(np.isfinite(xn) & (xn >= 0))
+        if np.any(bad):
+            raise ValueError(f"{msg}; got {xn[bad].ravel()[0]:.3g}.")
+        return x
+    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg + ".")

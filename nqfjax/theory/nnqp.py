@@ -125,7 +125,8 @@ def nnqp(
     *,
     max_iter: int | None = None,
 ) -> NNQPSolution:
-    r"""Solve the non-negative quadratic program of a plateau (THEORY.md section 4):
+    r"""Solve the non-negative quadratic program of a plateau (see the
+    documentation's theory pages):
 
     $$\min_{m \ge 0,\ m_i = 0\ (i \notin \text{mask})}
       \tfrac12 m^\top B m - r^\top m .$$

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
@@ -17,7 +18,7 @@ from .staircase import _is_diagonal
 
 
 # ---------------------------------------------------------------------------
-# Power laws (THEORY.md section 5)
+# Power laws
 # ---------------------------------------------------------------------------
 
 
@@ -27,7 +28,7 @@ def power_law_exponent(
     r"""The exponent `gamma` of `L(t) ~ t^-gamma` for power-law spectra.
 
     With `lam_k = k^-alpha` (so `B_kk ~ k^-alpha`) and target scales
-    `m*_k = k^-beta` (THEORY.md section 5):
+    `m*_k = k^-beta` (see the documentation's theory pages):
 
     - `"rich"` (this theory: modes switch on one by one at
       `t_k ~ ln(1/eps) k^(alpha+beta)`):
@@ -79,7 +80,8 @@ def sharp_switch_loss(
     m0: Float[ArrayLike, " p"],
     ts: Float[ArrayLike, " T"],
 ) -> Float[Array, " T"]:
-    r"""The refined sharp-switch loss of independent modes (THEORY.md section 5).
+    r"""The refined sharp-switch loss of independent modes (see the
+    documentation's theory pages).
 
     Each mode jumps from 0 to $m^*_k = \tilde r_k / B_{kk}$ at
     $t_k = \ln(m^*_k / m_{0,k}) / \tilde r_k$ ($\tilde r_k = r_k - \delta$):
@@ -101,13 +103,13 @@ def sharp_switch_loss(
 
     **Returns:** `L_sharp(ts)`, shape `(T,)`.
 
-    **Raises:** `ValueError` if `B` is not diagonal or `m0`/`ts` are malformed.
+    **Raises:** `ValueError` if `B` is not diagonal (under `jit`, for a traced
+    dense `B`, a runtime error with the same message) or `m0`/`ts` are malformed.
     """
+    if not isinstance(lv, LotkaVolterra):
+        raise ValueError(f"`lv` must be a LotkaVolterra system, got {type(lv)}.")
     p = lv.p
-    if is_concrete(lv.B) and not _is_diagonal(np.asarray(lv.B)):
-        raise ValueError(
-            "`sharp_switch_loss` is for independent modes: `lv.B` must be diagonal."
-        )
+    diag = _independent_modes(lv)
     m0 = jnp.asarray(m0)
     if m0.ndim == 0:
         m0 = jnp.broadcast_to(m0, (p,))
@@ -115,7 +117,6 @@ def sharp_switch_loss(
     m0 = positive("m0", m0)
     ts = jnp.asarray(ts)
     check_ndim("ts", ts, 1, "a 1-D array of times")
-    diag = jnp.diag(lv.B)
     r_eff = lv.r - lv.decay
     grows = (r_eff > 0) & (diag > 0)
     mstar = jnp.where(grows, r_eff / jnp.where(grows, diag, 1), 0)
@@ -129,3 +130,22 @@ def sharp_switch_loss(
     cum = jnp.concatenate([jnp.zeros(1, gain.dtype), jnp.cumsum(gain[order])])
     idx = jnp.searchsorted(t_on[order], ts.astype(t_on.dtype), side="right")
     return lv.loss_offset + cum[idx]
+
+
+def _independent_modes(lv: LotkaVolterra) -> Float[Array, " p"]:
+    """The diagonal of `B`, checked to be all of `B`: a structured system with no
+    low-rank columns is diagonal by construction (no check, `O(p)`); a dense `B`
+    is checked to round-off, eagerly or with `eqx.error_if` when traced."""
+    msg = "`sharp_switch_loss` is for independent modes: `lv.B` must be diagonal."
+    if lv.B_dense is None:
+        if lv.B_factor.shape[1] != 0:
+            raise ValueError(msg + f" It has a rank-{lv.B_factor.shape[1]} part.")
+        return lv.B_diag
+    B = lv.B_dense
+    if is_concrete(B):
+        if not _is_diagonal(np.asarray(B)):
+            raise ValueError(msg)
+        return jnp.diag(B)
+    off = jnp.max(jnp.abs(B - jnp.diag(jnp.diag(B))))
+    tol = 100 * jnp.finfo(B.dtype).eps * jnp.max(jnp.abs(B))
+    return jnp.diag(eqx.error_if(B, off > tol, msg))

@@ -4,6 +4,8 @@ event-driven algorithm with no ODE solve (`singular_limit`)."""
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import NamedTuple
 
 import equinox as eqx
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from .._checks import check_shape, is_concrete, positive
+from .._checks import check_shape, is_concrete, static_int
 from ..tasks.lotka_volterra import LotkaVolterra
 from .nnqp import _nnqp_impl
 
@@ -36,15 +38,48 @@ def _is_diagonal(B: np.ndarray) -> bool:
     return bool(np.max(np.abs(off), initial=0.0) <= 100 * np.finfo(B.dtype).eps * scale)
 
 
-def _lv_numpy(lv: LotkaVolterra):
-    if not is_concrete(lv):
+def _concrete(name: str, x, function: str):
+    """Raise a `ValueError` naming `name` if `x` holds a tracer: `function` runs
+    an event loop in numpy, eagerly."""
+    if not is_concrete(x):
         raise ValueError(
-            "The staircase is computed eagerly (an event loop in numpy); call it "
-            "outside `jax.jit` with concrete arrays."
+            f"`{function}` runs eagerly (an event loop in numpy) and needs concrete "
+            f"values, but `{name}` is traced; call it outside `jax.jit`, "
+            "`jax.vmap` and `jax.grad`."
         )
-    B = np.asarray(lv.B, np.float64)
+
+
+class _LVNumpy(NamedTuple):
+    """The system in float64 numpy: `B` dense (None when diagonal), its diagonal,
+    the effective rates `r - decay`, and whether the modes are independent."""
+
+    B: np.ndarray | None
+    diag: np.ndarray
+    r_eff: np.ndarray
+    diagonal: bool
+
+
+def _lv_numpy(lv: LotkaVolterra, function: str) -> _LVNumpy:
+    """`lv` in numpy; a diagonal structured system is never densified."""
+    if not isinstance(lv, LotkaVolterra):
+        raise ValueError(f"`lv` must be a LotkaVolterra system, got {type(lv)}.")
+    _concrete("lv", lv, function)
+    # numpy throughout: jnp operations would be staged (traced) inside a jit
     r_eff = np.asarray(lv.r, np.float64) - float(lv.decay)
-    return 0.5 * (B + B.T), r_eff
+    if lv.B_dense is None:
+        d = np.asarray(lv.B_diag, np.float64)
+        U = np.asarray(lv.B_factor, np.float64)
+        diag = d + np.sum(U**2, axis=1)
+        if U.shape[1] == 0:
+            return _LVNumpy(None, diag, r_eff, True)
+        B = np.diag(d) + U @ U.T
+    else:
+        B = np.asarray(lv.B_dense, np.float64)
+        diag = np.diag(B).copy()
+    B = 0.5 * (B + B.T)
+    if _is_diagonal(B):
+        return _LVNumpy(None, diag, r_eff, True)
+    return _LVNumpy(B, diag, r_eff, False)
 
 
 class _Trace(NamedTuple):
@@ -71,6 +106,11 @@ def _event_loop(B, r_eff, level0, *, corrected: bool, max_events: int) -> _Trace
     Bj = jnp.asarray(B, dtype)
     rj = jnp.asarray(r_eff, dtype)
     max_iter = jnp.asarray(3 * p + 10)
+    if not is_concrete(rj + 0):  # every argument is concrete, but jnp is staged
+        raise ValueError(
+            "`singular_limit` and `switch_on_times` run eagerly (an event loop in "
+            "numpy): call them outside `jax.jit`, `jax.vmap` and `jax.grad`."
+        )
     solve_batch = jax.vmap(_nnqp_impl, in_axes=(None, None, 0, None))
 
     def solve(mask):
@@ -144,10 +184,8 @@ def _event_loop(B, r_eff, level0, *, corrected: bool, max_events: int) -> _Trace
     )
 
 
-def _diagonal_trace(B, r_eff, level0, threshold) -> _Trace:
-    """Independent modes: every mode grows at `r_k` from `level0_k` to `threshold_k`."""
-    p = r_eff.shape[0]
-    diag = np.diag(B)
+def _check_bounded(diag, r_eff):
+    """Independent modes: refuse one that grows (`r_k - decay > 0`) unopposed."""
     grows = r_eff > 0
     if np.any(grows & (diag <= 0)):
         k = int(np.flatnonzero(grows & (diag <= 0))[0])
@@ -155,6 +193,14 @@ def _diagonal_trace(B, r_eff, level0, threshold) -> _Trace:
             f"Mode {k} has r_k - decay > 0 and B_kk = 0: it grows without bound "
             "(no bounded equilibrium)."
         )
+    return grows
+
+
+def _diagonal_trace(diag, r_eff, level0, threshold) -> _Trace:
+    """Independent modes (`diag` = `B_kk`): every mode grows at `r_k` from
+    `level0_k` to `threshold_k`."""
+    p = r_eff.shape[0]
+    grows = _check_bounded(diag, r_eff)
     t_on = np.where(
         grows, np.maximum(threshold - level0, 0) / np.where(grows, r_eff, 1), np.inf
     )
@@ -192,7 +238,8 @@ class Staircase(eqx.Module):
 
     **Fields:**
 
-    - `log_eps`: `ln(1/eps)`, the rescaling.
+    - `log_inv_eps`: `ln(1/eps)`, the rescaling (`log_eps`, its former name, is
+      a deprecated alias).
     - `event_tau`, `event_mode`, `event_on`: the events in order, shape `(E,)`:
       when, which mode, and whether it turns on (`True`) or off.
     - `jump_times_tau`: the distinct event times, shape `(J,)`.
@@ -204,7 +251,7 @@ class Staircase(eqx.Module):
       for a mode that never switches on).
     """
 
-    log_eps: Float[Array, ""]
+    log_inv_eps: Float[Array, ""]
     event_tau: Float[Array, " E"]
     event_mode: Int[Array, " E"]
     event_on: Bool[Array, " E"]
@@ -215,14 +262,25 @@ class Staircase(eqx.Module):
     switch_on_tau: Float[Array, " p"]
 
     @property
+    def log_eps(self) -> Float[Array, ""]:
+        """Deprecated name of `log_inv_eps`."""
+        warnings.warn(
+            "`Staircase.log_eps` is deprecated; use `Staircase.log_inv_eps` "
+            "(the same value, ln(1/eps)).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.log_inv_eps
+
+    @property
     def jump_times(self) -> Float[Array, " J"]:
         """The distinct event times in `t` (`tau * ln(1/eps)`)."""
-        return self.jump_times_tau * self.log_eps
+        return self.jump_times_tau * self.log_inv_eps
 
     @property
     def switch_on_t(self) -> Float[Array, " p"]:
         """Each mode's first switch-on time in `t`."""
-        return self.switch_on_tau * self.log_eps
+        return self.switch_on_tau * self.log_inv_eps
 
     @property
     def events(self) -> list[Event]:
@@ -244,33 +302,70 @@ class Staircase(eqx.Module):
 
     def loss(self, ts: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
         """The staircase loss at times `ts` (in `t`)."""
-        return self.loss_tau(jnp.asarray(ts) / self.log_eps)
+        return self.loss_tau(jnp.asarray(ts) / self.log_inv_eps)
 
 
-def _check_log_eps(log_eps) -> float:
-    if jnp.ndim(log_eps) != 0:
+def _renamed_keyword(old: str, new: str):
+    """Accept the keyword `old` for `new` for one release, with a
+    `DeprecationWarning`."""
+
+    def decorator(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if old in kwargs:
+                if new in kwargs or len(args) > 1:
+                    raise TypeError(f"Give `{new}` only, not both `{new}` and `{old}`.")
+                warnings.warn(
+                    f"`{fn.__name__}({old}=...)` is deprecated; use `{new}=` (the same "
+                    "value).",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def _check_log_inv_eps(log_inv_eps) -> float:
+    _concrete("log_inv_eps", log_inv_eps, "singular_limit")
+    if jnp.ndim(log_inv_eps) != 0:
         raise ValueError(
-            f"`log_eps` must be a scalar ln(1/eps), got shape {jnp.shape(log_eps)}."
+            "`log_inv_eps` must be a scalar ln(1/eps), got shape "
+            f"{jnp.shape(log_inv_eps)}."
         )
-    value = float(log_eps)
+    value = float(log_inv_eps)
     if not (np.isfinite(value) and value > 0):
         raise ValueError(
-            f"`log_eps` = ln(1/eps) must be finite and > 0 (eps < 1), got {value}."
+            f"`log_inv_eps` = ln(1/eps) must be finite and > 0 (eps < 1), got {value}."
         )
     return value
 
 
-def _check_m0(m0, p) -> np.ndarray:
-    m0 = jnp.asarray(m0)
+def _check_m0(m0, p: int, function: str) -> np.ndarray:
+    _concrete("m0", m0, function)
+    m0 = np.asarray(m0, np.float64)  # numpy: jnp would be staged inside a jit
     if m0.ndim == 0:
-        m0 = jnp.full((p,), m0)
+        m0 = np.full(p, m0)
     check_shape("m0", m0, (p,))
-    return np.asarray(positive("m0", m0), np.float64)
+    if not np.all(np.isfinite(m0) & (m0 > 0)):
+        bad = m0[~(np.isfinite(m0) & (m0 > 0))][0]
+        raise ValueError(f"`m0` must be strictly positive and finite; got {bad:.3g}.")
+    return m0
 
 
+def _max_events(max_events, p: int) -> int:
+    if max_events is None:
+        return 10 * p + 10
+    return static_int("max_events", max_events)
+
+
+@_renamed_keyword("log_eps", "log_inv_eps")
 def singular_limit(
     lv: LotkaVolterra,
-    log_eps: float,
+    log_inv_eps: float,
     *,
     m0: Float[ArrayLike, " p"] | None = None,
     max_events: int | None = None,
@@ -278,7 +373,7 @@ def singular_limit(
     r"""The staircase the loss becomes as the initial scale `eps -> 0`.
 
     In rescaled time $\tau = t / \ln(1/\epsilon)$ with exponents
-    $q_k = \ln m_k / \ln(1/\epsilon)$ (THEORY.md section 4):
+    $q_k = \ln m_k / \ln(1/\epsilon)$ (see the documentation's theory pages):
 
     - an off mode's exponent moves linearly,
       $dq_k/d\tau = r_k - \delta - (B m)_k$, with `m` the current plateau;
@@ -293,60 +388,63 @@ def singular_limit(
     Between events nothing changes, so the dynamics is event-driven: each step
     finds the first off mode to reach 0, moves every exponent there, and solves
     one NNQP. There is no ODE solve; the loop runs eagerly in numpy (it has at
-    most a few events per mode) and calls the jitted `nnqp`. Independent modes
-    (diagonal `B`) take a vectorised closed form. Finite-`eps` solutions approach
-    the staircase with errors of order `1 / ln(1/eps)`.
+    most a few events per mode) and calls the jitted `nnqp`, so it needs concrete
+    arguments (not under `jax.jit`/`vmap`/`grad`). Independent modes (diagonal
+    `B`) take a vectorised closed form in `O(p log p)`, without building `B`.
+    Finite-`eps` solutions approach the staircase with errors of order
+    `1 / ln(1/eps)`.
 
     **Arguments:**
 
     - `lv`: the system (`B` symmetric PSD, checked by `LotkaVolterra`).
-    - `log_eps`: $\ln(1/\epsilon) > 0$; every mode starts at $q_k = -1$.
+    - `log_inv_eps`: $\ln(1/\epsilon) > 0$; every mode starts at $q_k = -1$.
+      (Formerly `log_eps`, still accepted with a `DeprecationWarning`.)
     - `m0`: optional per-mode initial values, shape `(p,)` (or a scalar); then
       $q_k(0) = \ln m_{0,k} / \ln(1/\epsilon)$. Modes with $q_k(0) \ge 0$ that can
       grow switch on at `tau = 0`.
-    - `max_events`: cap on events (default `10 p + 10`).
+    - `max_events`: cap on events, an int (default `10 p + 10`).
 
     **Returns:** a `Staircase`.
 
-    **Raises:** `ValueError` for `log_eps <= 0`, bad `m0`, a system without a
-    bounded equilibrium, or a traced `lv` (call it outside `jit`).
+    **Raises:** `ValueError` for `log_inv_eps <= 0`, bad `m0`, a system without a
+    bounded equilibrium, or a traced argument (it names the argument).
     """
-    B, r_eff = _lv_numpy(lv)
+    sys = _lv_numpy(lv, "singular_limit")
     p = lv.p
-    log_eps = _check_log_eps(log_eps)
-    if m0 is None:
-        level0 = np.full(p, -log_eps)
+    log_inv_eps = _check_log_inv_eps(log_inv_eps)
+    level0 = -log_inv_eps if m0 is None else np.log(_check_m0(m0, p, "singular_limit"))
+    level0 = np.minimum(np.broadcast_to(level0, (p,)), 0.0)
+    max_events = _max_events(max_events, p)
+    if sys.diagonal:
+        trace = _diagonal_trace(sys.diag, sys.r_eff, level0, np.zeros(p))
     else:
-        level0 = np.log(_check_m0(m0, p))
-    level0 = np.minimum(level0, 0.0)
-    diagonal = _is_diagonal(B)
-    if diagonal:
-        trace = _diagonal_trace(B, r_eff, level0, np.zeros(p))
-    else:
-        max_events = 10 * p + 10 if max_events is None else int(max_events)
-        trace = _event_loop(B, r_eff, level0, corrected=False, max_events=max_events)
-    return _staircase(lv, trace, log_eps, diagonal)
+        trace = _event_loop(
+            sys.B, sys.r_eff, level0, corrected=False, max_events=max_events
+        )
+    return _staircase(lv, trace, log_inv_eps, sys)
 
 
-def _staircase(lv, trace: _Trace, log_eps: float, diagonal: bool) -> Staircase:
+def _staircase(lv, trace: _Trace, log_inv_eps: float, sys: _LVNumpy) -> Staircase:
     dtype = lv.r.dtype
     plateaus = np.stack(trace.plateaus)
-    if diagonal:  # lv.loss without the (J + 1) p^2 work
-        diag, r = np.diag(np.asarray(lv.B, np.float64)), np.asarray(lv.r, np.float64)
-        raw = 0.5 * plateaus**2 @ diag - plateaus @ r
+    if sys.diagonal:  # lv.loss without the (J + 1) p^2 work
+        r = np.asarray(lv.r, np.float64)
+        raw = 0.5 * plateaus**2 @ sys.diag - plateaus @ r
         losses = jnp.asarray(float(lv.loss_scale) * raw + float(lv.loss_offset), dtype)
     else:
         losses = lv.loss(jnp.asarray(plateaus, dtype))
+
+    def rescaled(times):
+        return jnp.asarray(np.asarray(times, np.float64) / log_inv_eps, dtype)
+
     return Staircase(
-        log_eps=jnp.asarray(log_eps, dtype),
-        event_tau=jnp.asarray(np.asarray(trace.times, np.float64) / log_eps, dtype),
+        log_inv_eps=jnp.asarray(log_inv_eps, dtype),
+        event_tau=rescaled(trace.times),
         event_mode=jnp.asarray(np.asarray(trace.modes, np.int32)),
         event_on=jnp.asarray(np.asarray(trace.ons, bool)),
-        jump_times_tau=jnp.asarray(
-            np.asarray(trace.jump_times, np.float64) / log_eps, dtype
-        ),
+        jump_times_tau=rescaled(trace.jump_times),
         plateau_values=jnp.asarray(plateaus, dtype),
         plateau_losses=losses,
         active_sets=jnp.asarray(plateaus > 0),
-        switch_on_tau=jnp.asarray(trace.first_on / log_eps, dtype),
+        switch_on_tau=rescaled(trace.first_on),
     )

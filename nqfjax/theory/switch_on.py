@@ -9,7 +9,13 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from ..tasks.lotka_volterra import LotkaVolterra
-from .staircase import _check_m0, _event_loop, _is_diagonal, _lv_numpy
+from .staircase import (
+    _check_bounded,
+    _check_m0,
+    _event_loop,
+    _lv_numpy,
+    _max_events,
+)
 
 
 def switch_on_times(
@@ -27,9 +33,9 @@ def switch_on_times(
     $$t_k = \frac{\ln(m^*_k / m_{0,k} - 1)}{\tilde r_k},\qquad
     \tilde r_k = r_k - \delta,\quad m^*_k = \tilde r_k / B_{kk}$$
 
-    (THEORY.md section 4); `inf` for modes with $\tilde r_k \le 0$, NaN where
-    $m_{0,k} \ge m^*_k$ (no half-way point); negative where the mode starts past
-    half-way.
+    (see the documentation's theory pages); `inf` for modes with
+    $\tilde r_k \le 0$, NaN where $m_{0,k} \ge m^*_k$ (no half-way point);
+    negative where the mode starts past half-way.
 
     **Interacting modes:** the sharp-switch dynamics of `singular_limit`, run in
     `t` from $\ln m_{0,k}$ (its leading order is $t_k = \tau_k \ln(1/\epsilon)$;
@@ -47,38 +53,33 @@ def switch_on_times(
     a finite amount), against $O(1)$ plus the offset $\ln m^{\rm new}_k / r_k$
     without it; in rescaled time both vanish like $1/\ln(1/\epsilon)$.
 
-    Runs eagerly (not under `jit`).
+    Runs eagerly (an event loop in numpy): the arguments must be concrete, not
+    traced by `jax.jit`/`vmap`/`grad`.
 
     **Arguments:**
 
     - `lv`: the system.
     - `m0`: initial values, shape `(p,)` or a scalar, strictly positive.
     - `corrected`: use the first-order correction (interacting modes only).
-    - `max_events`: cap on events (default `10 p + 10`).
+    - `max_events`: cap on events, an int (default `10 p + 10`).
 
     **Returns:** times in `t`, shape `(p,)`.
 
-    **Raises:** `ValueError` for bad `m0` or a system without a bounded
-    equilibrium.
+    **Raises:** `ValueError` for bad `m0`, a system without a bounded
+    equilibrium, or a traced argument (it names the argument).
     """
-    B, r_eff = _lv_numpy(lv)
+    sys = _lv_numpy(lv, "switch_on_times")
     p = lv.p
-    m0 = _check_m0(m0, p)
+    m0 = _check_m0(m0, p, "switch_on_times")
+    max_events = _max_events(max_events, p)
     dtype = lv.r.dtype
-    if _is_diagonal(B):
-        diag = np.diag(B)
-        grows = r_eff > 0
-        if np.any(grows & (diag <= 0)):
-            k = int(np.flatnonzero(grows & (diag <= 0))[0])
-            raise ValueError(
-                f"Mode {k} has r_k - decay > 0 and B_kk = 0: it grows without bound."
-            )
+    if sys.diagonal:
+        grows = _check_bounded(sys.diag, sys.r_eff)
         with np.errstate(divide="ignore", invalid="ignore"):
-            mstar = r_eff / np.where(diag > 0, diag, 1)
-            t = np.log(mstar / m0 - 1) / r_eff
+            mstar = sys.r_eff / np.where(sys.diag > 0, sys.diag, 1)
+            t = np.log(mstar / m0 - 1) / sys.r_eff
         return jnp.asarray(np.where(grows, t, np.inf), dtype)
-    max_events = 10 * p + 10 if max_events is None else int(max_events)
     trace = _event_loop(
-        B, r_eff, np.log(m0), corrected=corrected, max_events=max_events
+        sys.B, sys.r_eff, np.log(m0), corrected=corrected, max_events=max_events
     )
     return jnp.asarray(trace.first_on, dtype)
