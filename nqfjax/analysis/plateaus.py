@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._curves import first_crossing, loglog_slope
+
 
 # ---------------------------------------------------------------------------
 # Plateau detection
@@ -62,20 +64,17 @@ def _robust_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares slope of `y` on `x` and its standard error, refitted once
     without the points more than 3 robust standard deviations off (spikes)."""
     keep = np.ones(x.size, bool)
-    for _ in range(2):
+    for refit in (False, True):
         if np.count_nonzero(keep) < 3:
             return np.inf, np.inf
-        xk, yk = x[keep], y[keep]
-        xc = xk - xk.mean()
-        sxx = np.sum(xc**2)
-        if sxx <= 0:
+        line = loglog_slope(x, y, keep, take_logs=False)
+        if not np.isfinite(line.slope):  # all x equal
             return np.inf, np.inf
-        fit = np.sum(xc * (yk - yk.mean())) / sxx
-        resid = y - yk.mean() - fit * (x - xk.mean())
-        scale = 1.4826 * np.median(np.abs(resid[keep]))
-        keep = np.abs(resid) <= 3 * scale + 1e-300
-    err = np.sqrt(np.sum(resid[keep] ** 2) / max(np.count_nonzero(keep) - 2, 1) / sxx)
-    return float(fit), float(err)
+        if not refit:
+            resid = y - line.intercept - line.slope * x
+            scale = 1.4826 * np.median(np.abs(resid))
+            keep = np.abs(resid) <= 3 * scale + 1e-300
+    return float(line.slope), float(line.slope_err)
 
 
 def detect_plateaus(
@@ -248,7 +247,7 @@ def detect_plateaus(
     # staircase: the whole curve is one plateau if its fitted log-log slope is
     # flat, else there is none (a power law)
     if calm.all():
-        fitted = np.polyfit(u, y_raw, 1)[0] / np.log(10)
+        fitted = loglog_slope(u * np.log(10), y_raw, take_logs=False).slope
         stretches = [(0, n_grid - 1)] if abs(fitted) < slope_tol else []
     found: list[list] = []
     for a, b in stretches:
@@ -289,14 +288,17 @@ def detect_plateaus(
     smooth_loss = np.exp(y)
     for (_, b0, l0), (a1, _, l1) in zip(found[:-1], found[1:]):
         seg = np.arange(b0, a1 + 1)
-        vals = smooth_loss[seg] - 0.5 * (l0 + l1)
-        cross = np.flatnonzero(np.sign(vals[:-1]) != np.sign(vals[1:]))
-        if cross.size:
-            i = cross[0]
-            frac = vals[i] / (vals[i] - vals[i + 1])
-            drop_times.append(10 ** (grid[seg[i]] + frac * du))
-        else:
-            drop_times.append(10 ** (0.5 * (grid[b0] + grid[a1])))
+        t_mid = first_crossing(
+            grid[seg],
+            smooth_loss[seg],
+            0.5 * (l0 + l1),
+            rising=l1 > l0,
+            interpolate="linear",
+            at_start="nan",
+        )
+        if np.isnan(t_mid):  # no crossing: the middle of the gap
+            t_mid = 0.5 * (grid[b0] + grid[a1])
+        drop_times.append(10**t_mid)
     return Plateaus(
         start=jnp.asarray(starts),
         end=jnp.asarray(ends),

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._curves import loglog_slope
 from ._least_squares import _host_curve, _laplace_cov, _least_squares
 
 
@@ -74,19 +75,12 @@ def _auto_window(
     if lt.size < 8 or lt[-1] - lt[0] < 4 * half_width:
         return full
     grid = np.linspace(lt[0] + half_width, lt[-1] - half_width, n_grid)
-    slopes = np.full(n_grid, np.nan)
-    errs = np.full(n_grid, np.nan)
-    rough = np.full(n_grid, np.nan)
-    for j, g in enumerate(grid):
-        sel = np.abs(lt - g) <= half_width
-        if sel.sum() >= 4:
-            x = lt[sel] - lt[sel].mean()
-            z = ly[sel] - ly[sel].mean()
-            slope = np.sum(x * z) / np.sum(x * x)
-            resid = z - slope * x
-            slopes[j] = -slope
-            errs[j] = np.sqrt(np.sum(resid**2) / (sel.sum() - 2) / np.sum(x * x))
-            rough[j] = np.sqrt(np.mean(resid**2))
+    near = np.abs(lt[None, :] - grid[:, None]) <= half_width  # (n_grid, T)
+    local = loglog_slope(lt, ly, near, take_logs=False)
+    enough = near.sum(1) >= 4
+    slopes = np.where(enough, -local.slope, np.nan)
+    errs = np.where(enough, local.slope_err, np.nan)
+    rough = np.where(enough, local.rms, np.nan)
     falling = slopes > 0.05
     if not np.any(falling):
         return full
@@ -249,7 +243,7 @@ def fit_power_law(
 
     # start 0: a log-log regression on the window (positive times)
     pos = sel & (u > 0)
-    slope, intercept = np.polyfit(np.log(u[pos]), ly[pos], 1)
+    slope, intercept, _, _ = loglog_slope(np.log(u[pos]), ly[pos], take_logs=False)
     theta_reg = np.array(
         [
             np.min(ly[sel]) - 5.0,

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._curves import first_crossing
 from ..engines.lv import solve_lv
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..theory.power_law import power_law_exponent
@@ -368,8 +369,10 @@ def fit_spectrum(
         # A from the initial loss, rho from the first drop (where L falls below
         # 3/4 of its start): rho t_1 ~ ln(1/eps).
         y0 = y[use][0]
-        below = np.flatnonzero(use & (y < 0.75 * y0))
-        t_drop = t[below[0]] if below.size else t[-1]
+        t_drop = first_crossing(
+            t, np.where(use, y, np.inf), 0.75 * y0, interpolate="step"
+        )
+        t_drop = t[-1] if np.isnan(t_drop) else t_drop
         t_drop = max(t_drop, t[t > 0][0] if np.any(t > 0) else 1.0)
         rows = []
         for a0 in (0.8, 1.6):

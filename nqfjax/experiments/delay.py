@@ -12,6 +12,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_shape
+from .._curves import first_crossing, loglog_slope
 from ..engines.train import train
 from ..structures.base import Structure
 from ..tasks.base import Task
@@ -19,26 +20,6 @@ from ..tasks.base import Task
 
 # --------------------------------------------------------------------------------
 # delayed generalisation
-
-
-def _first_below(ts, y, level):
-    """First time the curve `y(ts)` is below `level`, interpolating `log y`
-    linearly in `log t` between records (linearly in `t` from `t = 0`); NaN if
-    it never is. Traceable."""
-    below = y < level
-    i = jnp.argmax(below)
-    found = below[i]
-    i0 = jnp.maximum(i - 1, 0)
-    t0, t1 = ts[i0], ts[i]
-    tiny = jnp.finfo(y.dtype).tiny
-    ly0, ly1 = jnp.log(jnp.maximum(y[i0], tiny)), jnp.log(jnp.maximum(y[i], tiny))
-    frac = jnp.where(ly1 < ly0, (ly0 - jnp.log(level)) / (ly0 - ly1), 1.0)
-    frac = jnp.clip(frac, 0.0, 1.0)
-    log_ok = t0 > 0
-    lt0, lt1 = jnp.log(jnp.where(log_ok, t0, 1.0)), jnp.log(jnp.where(log_ok, t1, 1.0))
-    t = jnp.where(log_ok, jnp.exp(lt0 + frac * (lt1 - lt0)), t0 + frac * (t1 - t0))
-    t = jnp.where(i == 0, ts[0], t)
-    return jnp.where(found, t, jnp.nan)
 
 
 def generalisation_delay(
@@ -66,8 +47,10 @@ def generalisation_delay(
     ts, train_loss, test_loss = (jnp.asarray(a) for a in (ts, train_loss, test_loss))
     check_shape("train_loss", train_loss, ts.shape)
     check_shape("test_loss", test_loss, ts.shape)
-    t_fit = _first_below(ts, train_loss, jnp.asarray(fit_level, train_loss.dtype))
-    t_gen = _first_below(ts, test_loss, jnp.asarray(test_level, test_loss.dtype))
+    t_fit, t_gen = (
+        first_crossing(ts, y, jnp.asarray(level, y.dtype), log_time=True)
+        for y, level in ((train_loss, fit_level), (test_loss, test_level))
+    )
     return t_fit, t_gen, t_gen - t_fit
 
 
@@ -237,19 +220,10 @@ def delay_scaling(
     ok = np.isfinite(x) & (x > 0) & np.isfinite(y) & (y > 0)
     if ok.sum() < 2:
         raise ValueError("Need at least two points with x > 0 and a finite delay > 0.")
-    lx, ly = np.log(x[ok]), np.log(y[ok])
-    A = np.stack([lx, np.ones_like(lx)], 1)
-    coef, *_ = np.linalg.lstsq(A, ly, rcond=None)
-    resid = ly - A @ coef
-    dof = ok.sum() - 2
-    if dof > 0:
-        s2 = np.sum(resid**2) / dof
-        err = np.sqrt(s2 / np.sum((lx - lx.mean()) ** 2))
-    else:
-        err = 0.0
+    line = loglog_slope(x, y, ok)
     return DelayScaling(
-        slope=jnp.asarray(coef[0]),
-        slope_err=jnp.asarray(err),
-        c=jnp.asarray(np.exp(coef[1])),
+        slope=jnp.asarray(line.slope),
+        slope_err=jnp.asarray(line.slope_err),
+        c=jnp.asarray(np.exp(line.intercept)),
         n_points=int(ok.sum()),
     )

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import plots
+from .._curves import first_crossing, loglog_slope
 from ..analysis.power_law import fit_power_law
 from ..engines.lv import lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
@@ -102,18 +103,8 @@ def _check(name: str, measured, predicted, tol: float, what: str) -> dict:
     }
 
 
-def _crossing_times(ts: np.ndarray, values: np.ndarray, levels: np.ndarray):
-    """First time each column of `values` (shape `(T, K)`) rises through
-    `levels[k]`, linearly interpolated in `t`; NaN if it never does."""
-    out = np.full(values.shape[1], np.nan)
-    for k in range(values.shape[1]):
-        above = np.flatnonzero(values[:, k] >= levels[k])
-        if above.size == 0 or above[0] == 0:
-            continue
-        i = above[0]
-        a, b = values[i - 1, k] - levels[k], values[i, k] - levels[k]
-        out[k] = ts[i - 1] + (ts[i] - ts[i - 1]) * a / (a - b)
-    return out
+#: half-way crossings of the modes: a rise through the level, linear in t and m
+_RISING_LINEAR = dict(rising=True, interpolate="linear", at_start="nan")
 
 
 def _whitened_teacher(cfg: DemoConfig):
@@ -173,11 +164,14 @@ def _init_scale_sweep(cfg: DemoConfig, structure, xs, ys, lv, basis, learn):
     out = sweep(run, {"init_scale": np.asarray(cfg.sweep_scales)}, progress=False)
     mstar = np.asarray(lv.fixed_point_isolated())[learn]
     times = np.stack(
-        [_crossing_times(record, np.asarray(m), mstar / 2) for m in out.outputs]
+        [
+            first_crossing(record, np.asarray(m), mstar / 2, **_RISING_LINEAR)
+            for m in out.outputs
+        ]
     )
     x = np.log(1 / np.asarray(cfg.sweep_scales))
     slopes = np.array(
-        [np.polyfit(x[np.isfinite(t)], t[np.isfinite(t)], 1)[0] for t in times.T]
+        [loglog_slope(x, t, np.isfinite(t), take_logs=False).slope for t in times.T]
     )
     return x, times, slopes
 
@@ -351,7 +345,9 @@ def run_demo(
         L_w, L_lv = np.asarray(res.loss), np.asarray(lv.loss(jnp.asarray(m_lv)))
         mstar = np.asarray(lv.fixed_point_isolated())[learn]
         t_pred = np.asarray(switch_on_times(lv, m0))[learn]
-        t_meas = _crossing_times(record, np.asarray(res.m)[:, learn], mstar / 2)
+        t_meas = first_crossing(
+            record, np.asarray(res.m)[:, learn], mstar / 2, **_RISING_LINEAR
+        )
         log_eps = float(-np.log(np.median(m0[learn])))
         stair = singular_limit(lv, log_eps, m0=m0)
         # LV at shrinking eps with the same exponents q_k(0) = ln m0_k / ln(1/eps):

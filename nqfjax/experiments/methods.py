@@ -13,6 +13,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._curves import first_crossing
 from ..engines.clock import (
     _check_momentum,
     clock,
@@ -347,21 +348,10 @@ def switch_times_from_curves(
         if peak is None
         else np.broadcast_to(np.asarray(peak, float), m.shape[1:])
     )
-    out = np.full(m.shape[1], np.nan)
-    for k in range(m.shape[1]):
-        col = m[:, k]
-        target = level * peak[k]
-        if not (np.all(np.isfinite(col)) and np.isfinite(target)):
-            continue
-        reached = col >= target
-        i = int(np.argmax(reached))
-        if i == 0:
-            continue
-        a, b = col[i - 1], col[i]
-        if a > 0 and b > 0:
-            a, b, target = np.log(a), np.log(b), np.log(target)
-        out[k] = ts[i - 1] + (ts[i] - ts[i - 1]) * (target - a) / (b - a)
-    return jnp.asarray(out)
+    target = level * peak
+    out = first_crossing(ts, m, target, rising=True, at_start="nan")
+    finite = np.all(np.isfinite(m), axis=0) & np.isfinite(target)
+    return jnp.asarray(np.where(finite, out, np.nan))
 
 
 def compare_methods(

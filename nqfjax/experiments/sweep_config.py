@@ -59,6 +59,7 @@ import jax.random as jr
 import numpy as np
 import optax
 
+from .._curves import first_crossing
 from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, versions, write_figure, write_json
 from ..structures.base import Structure
@@ -376,14 +377,6 @@ def _group_tag(config: SweepConfig, optimizer: str, architecture: str) -> str:
     return f"nqfjax.experiment/{digest[:16]}"
 
 
-def _first_below(steps: np.ndarray, loss: np.ndarray, fraction: float):
-    """The first recorded step at which `loss <= fraction * loss[..., 0]`, per
-    curve (NaN where it never gets there)."""
-    hit = loss <= fraction * loss[..., :1]
-    first = np.argmax(hit, axis=-1)
-    return np.where(hit.any(axis=-1), steps[first], np.nan)
-
-
 def run_sweep_config(
     config: SweepConfig, out_dir: str | os.PathLike, *, progress: bool = True
 ) -> dict[str, Any]:
@@ -486,7 +479,9 @@ def run_sweep_config(
             counts["loaded"] += result.n_loaded
 
     runs = []
-    halved = _first_below(steps, loss, 0.5)
+    halved = first_crossing(
+        steps, np.moveaxis(loss, -1, 0), 0.5 * loss[..., 0], interpolate="step"
+    )
     for idx in np.ndindex(loss.shape[:-1]):
         o, a, s, e, r = idx
         runs.append(

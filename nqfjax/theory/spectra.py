@@ -19,6 +19,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._checks import check_shape, positive, static_int
+from .._curves import crossing_time
 
 
 def _check_sizes(p, m) -> tuple[int, int]:
@@ -150,19 +151,6 @@ class WeightSpectrum(eqx.Module):
     def n_outliers(self) -> int:
         """How many eigenvalues detached from the bulk."""
         return int(self.t_detach.shape[0])
-
-
-def _crossing(t0, t1, v0, v1, level) -> float:
-    """Time where the log-linear interpolant from `(t0, v0)` to `(t1, v1)` reaches
-    `level` (linear where a value is not positive)."""
-    if v0 > 0 and v1 > 0 and level > 0 and v1 != v0:
-        a, b, c = np.log(v0), np.log(v1), np.log(level)
-    else:
-        a, b, c = v0, v1, level
-    if b == a:
-        return float(t1)
-    frac = min(max((c - a) / (b - a), 0.0), 1.0)
-    return float(t0 + frac * (t1 - t0))
 
 
 def weight_spectrum(
@@ -380,7 +368,7 @@ def weight_spectrum(
         t_detach[j] = (
             ts[i0]
             if i0 == 0
-            else _crossing(ts[i0 - 1], ts[i0], prev, vals[i0], threshold)
+            else crossing_time(ts[i0 - 1], ts[i0], prev, vals[i0], threshold)
         )
         target = level * tr["peak"]
         i = i0 + int(np.argmax(vals[i0:] >= target))  # the peak qualifies
@@ -388,14 +376,14 @@ def weight_spectrum(
             t_half[j] = (
                 ts[i0]
                 if i0 == 0 or not prev < target
-                else _crossing(ts[i0 - 1], ts[i0], prev, vals[i0], target)
+                else crossing_time(ts[i0 - 1], ts[i0], prev, vals[i0], target)
             )
         else:
-            t_half[j] = _crossing(ts[i - 1], ts[i], vals[i - 1], vals[i], target)
+            t_half[j] = crossing_time(ts[i - 1], ts[i], vals[i - 1], vals[i], target)
         if tr["end"] is not None:
             e = tr["end"]
             below = w[e, int(np.argmax((V[e].T @ tr["vec"]) ** 2))]
-            t_return[j] = _crossing(ts[e - 1], ts[e], vals[e - 1], below, threshold)
+            t_return[j] = crossing_time(ts[e - 1], ts[e], vals[e - 1], below, threshold)
         peaks[j] = tr["peak"]
         vectors[j] = tr["peak_vec"]
         if basis is not None:
