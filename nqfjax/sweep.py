@@ -1,38 +1,46 @@
-"""jit + vmap sweeps over hyperparameter grids, sharded over devices, checkpointed.
+"""jit + vmap sweeps over hyperparameter grids, sharded over devices and processes,
+checkpointed.
 
-One compiled, vmapped call per chunk of grid points; with a `jax.sharding.Mesh` the
-chunk is split along the sweep axis over every device of a named mesh axis; with a
-checkpoint directory each finished chunk is written atomically and a restarted
-sweep resumes where it stopped.
+One compiled, vmapped call per chunk of grid points. With a `jax.sharding.Mesh`
+the chunk is split along the sweep axis over the devices of a named mesh axis,
+each device running its own points' loop (`jax.shard_map`: no collective inside
+the solve), the mesh possibly spanning several processes (`jax.distributed`).
+With a checkpoint folder each finished chunk is written atomically and verified
+when read back, and a restarted sweep resumes where it stopped. The compiled
+chunk program is kept across calls with the same function and shapes.
 """
 
+import contextlib
 import hashlib
 import json
 import os
-import re
-from collections.abc import Callable, Mapping
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
 from tqdm import tqdm
 
-from .io import atomic_write
+from ._checkpoint import (
+    Checkpoint,
+    agree,
+    any_process,
+    load_chunks,
+    serialise,
+    sync_chunks,
+)
 
 
-_MANIFEST = "manifest.json"
-
-
-_MANIFEST = "manifest.json"
-_CHUNK_RE = re.compile(r"^chunk_(\d{6})\.npz$")
-
-
-_CHUNK_RE = re.compile(r"^chunk_(\d{6})\.npz$")
-_FORMAT = 1
+_FORMAT = 2  # of the checkpoint: 2 adds each chunk's size and SHA-256
 
 
 class SweepResult(eqx.Module):
@@ -48,8 +56,11 @@ class SweepResult(eqx.Module):
     - `n_computed`, `n_loaded`: how many chunks this call computed, and how many it
       read back from the checkpoint (`n_computed + n_loaded == n_chunks`).
     - `devices`: ids of the devices holding a shard of the sweep axis in the last
-      computed chunk (ordered by shard); empty if nothing was computed.
+      computed chunk (ordered by shard, over every process); empty if nothing was
+      computed.
     - `shard_size`: points of the (padded) chunk held by each of those devices.
+    - `damaged`: the checkpoint chunk files found damaged (or not matching the
+      manifest) and recomputed by this call.
     """
 
     grid: dict[str, Array]
@@ -59,6 +70,7 @@ class SweepResult(eqx.Module):
     n_loaded: int = eqx.field(static=True)
     devices: tuple[int, ...] = eqx.field(static=True, default=())
     shard_size: int = eqx.field(static=True, default=0)
+    damaged: tuple[str, ...] = eqx.field(static=True, default=())
 
     def __len__(self) -> int:
         return int(next(iter(self.grid.values())).shape[0])
@@ -166,52 +178,164 @@ def _fingerprint(fn, grid, chunk, out_info, tag) -> str:
     return h.hexdigest()
 
 
-def _open_checkpoint(path: str, fingerprint: str, meta: dict) -> set[int]:
-    """Create or validate the checkpoint directory; return the finished chunks."""
-    os.makedirs(path, exist_ok=True)
-    manifest = os.path.join(path, _MANIFEST)
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            try:
-                old = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"checkpoint manifest {manifest} is corrupt.") from e
-        if old.get("fingerprint") != fingerprint:
-            diff = {
-                k: (old.get(k), meta[k]) for k in meta if old.get(k) != meta[k]
-            } or "the grid values or the output structure"
-            raise ValueError(
-                f"checkpoint {path!r} belongs to a different sweep (fingerprint "
-                f"mismatch; differs in {diff}). Use a fresh directory, or delete it "
-                "to start over."
-            )
-    elif jax.process_index() == 0:
-        payload = json.dumps({"fingerprint": fingerprint, **meta}, indent=1).encode()
-        atomic_write(manifest, lambda f: f.write(payload))
-    done = set()
-    for entry in os.listdir(path):
-        match = _CHUNK_RE.match(entry)
-        if match and int(match.group(1)) < meta["n_chunks"]:
-            done.add(int(match.group(1)))
-        elif ".tmp-" in entry and jax.process_index() == 0:
-            # a partial write from a killed run: never a finished chunk
-            try:
-                os.remove(os.path.join(path, entry))
-            except FileNotFoundError:
-                pass
-    return done
+# --------------------------------------------------------------------------------
+# interrupts
 
 
-def _chunk_file(path: str, i: int) -> str:
-    return os.path.join(path, f"chunk_{i:06d}.npz")
+class _Deferred:
+    """A SIGINT handler that records the interrupt instead of raising it; a second
+    SIGINT raises `KeyboardInterrupt` at once."""
+
+    def __init__(self):
+        self.pending = False
+
+    def __call__(self, signum, frame):
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+        tqdm.write(
+            "nqfjax: interrupted: stopping once the chunk in progress is saved "
+            "(press Ctrl-C again to stop at once)",
+            file=sys.stderr,
+        )
+
+
+@contextlib.contextmanager
+def defer_interrupts() -> Iterator[Callable[[], bool]]:
+    """Hold SIGINT (Ctrl-C) back to the safe points of a block.
+
+    Inside the block a SIGINT only records that it came; the block asks
+    `interrupted()` at its safe points (between chunks, after a chunk is saved)
+    and raises `KeyboardInterrupt` there, and leaving the block normally raises
+    it if one came. A `KeyboardInterrupt` raised at an arbitrary bytecode --
+    in the middle of tracing, or while XLA threads run -- can leave JAX's state
+    half-changed and crash the interpreter; this keeps it out of those places.
+    A second SIGINT raises at once. Nested blocks share the outermost one's
+    record; outside the main thread (where Python runs no signal handlers) the
+    block changes nothing and `interrupted()` is always `False`.
+
+    **Returns:** a context manager yielding `interrupted() -> bool`.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if isinstance(previous, _Deferred):  # nested: the outer block raises
+        yield lambda: previous.pending
+        return
+    if previous is None:  # a handler installed from C: leave it alone
+        yield lambda: False
+        return
+    handler = _Deferred()
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: handler.pending
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if handler.pending:
+        raise KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------------
+# the compiled chunk program, cached per function
+
+
+class _Program:
+    """A traced chunk program, compiled on first use."""
+
+    def __init__(self, traced):
+        self.out_info = traced.out_info
+        self._traced = traced
+        self._compiled = None
+
+    def compiled(self):
+        if self._compiled is None:
+            self._compiled = self._traced.lower().compile()
+            self._traced = None
+        return self._compiled
+
+
+# fn -> {(mesh, axis name, x64, input shapes and dtypes): _Program}; dropped with fn
+_PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _jit_chunk(fn, mesh: Mesh | None, axis_name: str):
+    def point_fn(point):
+        return fn(**point)
+
+    batched = jax.vmap(point_fn)
+    if mesh is None:
+        return jax.jit(batched)
+    spec = PartitionSpec(axis_name)
+    sharding = NamedSharding(mesh, spec)
+    # Each device loops over its own points: under a plain sharded `jit` the
+    # partitioner would all-reduce a batched while loop's condition at every
+    # step, stepping every device (and process) in lockstep.
+    local = jax.shard_map(batched, mesh=mesh, in_specs=(spec,), out_specs=spec)
+    return jax.jit(local, in_shardings=(sharding,), out_shardings=sharding)
+
+
+def _chunk_program(fn, inputs: dict, mesh: Mesh | None, axis_name: str) -> _Program:
+    """The chunk program of `fn` for inputs shaped like `inputs`, from the cache
+    when `fn` was swept with the same shapes, mesh and precision before."""
+    key = (
+        mesh,
+        axis_name,
+        bool(jax.config.jax_enable_x64),
+        tuple((k, v.shape, str(v.dtype)) for k, v in inputs.items()),
+    )
+    try:
+        cache = _PROGRAMS.setdefault(fn, {})
+    except TypeError:  # not weakly referenceable (e.g. a bound method): no cache
+        cache = {}
+    if key not in cache:
+        cache[key] = _Program(_jit_chunk(fn, mesh, axis_name).trace(inputs))
+    return cache[key]
 
 
 def _to_host(x) -> np.ndarray:
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
+    if not x.is_fully_addressable:  # a mesh over several processes: gather it
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+def _shard_devices(x) -> tuple[tuple[int, ...], int]:
+    """The devices holding a shard of `x`'s leading axis, by shard, and its size."""
+    index = x.sharding.devices_indices_map(x.shape)
+    order = sorted(index, key=lambda d: (index[d][0].start or 0, d.id))
+    devices = tuple(dict.fromkeys(d.id for d in order))
+    first = index[order[0]][0]
+    return devices, len(range(*first.indices(x.shape[0])))
+
+
+# --------------------------------------------------------------------------------
+# the sweep
+
+
+def _check_mesh(mesh, axis_name) -> tuple[int, NamedSharding | None, bool]:
+    """The number of devices along the sweep axis, the sharding of the sweep axis,
+    and whether the mesh spans several processes."""
+    if mesh is None:
+        return 1, None, False
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"`mesh` must be a jax.sharding.Mesh, got {type(mesh)}.")
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"`mesh` has no axis named {axis_name!r} (its axes are "
+            f"{mesh.axis_names}); pass `axis_name=` one of them."
+        )
+    processes = {d.process_index for d in mesh.devices.flat}
+    if len(processes) > 1 and len(processes) != jax.process_count():
+        raise ValueError(
+            f"`mesh` spans processes {sorted(processes)} of {jax.process_count()}: "
+            "a multi-process sweep needs a mesh over the devices of every process."
+        )
+    if jax.process_index() not in processes:
+        raise ValueError(
+            f"`mesh` holds no device of this process ({jax.process_index()})."
+        )
+    sharding = NamedSharding(mesh, PartitionSpec(axis_name))
+    return int(mesh.shape[axis_name]), sharding, len(processes) > 1
 
 
 def sweep(
@@ -222,11 +346,11 @@ def sweep(
     chunk: int | None = None,
     *,
     axis_name: str = "sweep",
-    progress: bool = True,
+    progress: bool | str = True,
     tag: str | None = None,
 ) -> SweepResult:
     r"""Run `fn` at every point of a hyperparameter grid: jit-compiled, vmapped, in
-    chunks, optionally sharded over devices and checkpointed.
+    chunks, optionally sharded over devices and processes, and checkpointed.
 
     The grid is a *zipped* list of points: `grid = {name: values}` with every
     `values` of the same leading length `N`, and point `i` is the keyword call
@@ -238,35 +362,54 @@ def sweep(
 
     The points are processed in chunks of `chunk` points. Every chunk is padded to
     the same shape (the last one by repeating its last point; padded results are
-    dropped), so `fn` is traced and compiled exactly once per call.
+    dropped), so `fn` is traced and compiled once. The compiled program is kept
+    (while `fn` lives) and reused by later calls with the same `fn`, grid shapes
+    and dtypes, mesh and `jax_enable_x64`: a second call compiles nothing. Like
+    `jax.jit`, it keys on the identity of `fn`: arrays `fn` closes over are
+    constants of the program, so change `fn` (not the arrays) to change them.
 
-    **Devices.** With `mesh`, the sweep axis of each chunk is sharded with
-    `NamedSharding(mesh, PartitionSpec(axis_name))` over all devices along the mesh
-    axis `axis_name` (replicated over any other mesh axes), and the chunk is padded
-    to a multiple of their number. For one host with several devices,
-    `Mesh(jax.devices(), ("sweep",))`. On several hosts, call
-    `jax.distributed.initialize()` first in every process, build the mesh from the
-    global `jax.devices()`, and call `sweep` with identical arguments in every
-    process (SPMD): each process feeds its own shards
-    (`jax.make_array_from_callback`), results are all-gathered to every process,
-    and only process 0 writes checkpoint files (use a shared file system). For
-    testing on CPU: `XLA_FLAGS=--xla_force_host_platform_device_count=8`.
+    **Devices.** With `mesh`, each chunk's sweep axis is split with
+    `NamedSharding(mesh, PartitionSpec(axis_name))` over the devices along the mesh
+    axis `axis_name` (replicated over any other mesh axis), the chunk padded to a
+    multiple of their number. Each device runs the vmapped `fn` on its own points
+    (`jax.shard_map`), so an adaptive solver's loop runs as long as that device's
+    points need, with no collective inside it; the results are gathered after
+    each chunk. For one host with several devices, `Mesh(jax.devices(),
+    ("sweep",))`; for testing on CPU,
+    `XLA_FLAGS=--xla_force_host_platform_device_count=8`.
 
-    **Checkpointing.** With `checkpoint=path` (a directory), the directory holds a
+    **Several processes.** Call `jax.distributed.initialize()` in every process,
+    build the mesh from the global `jax.devices()`, and call `sweep` with
+    identical arguments in every process (different arguments raise `ValueError`
+    in all of them). Every process gets all results. Only process 0 reads the
+    checkpoint's manifest and decides which chunks are done; it broadcasts that
+    and each chunk's hash, the others read those chunks from their own
+    `checkpoint` folder where the hashes match (a shared file system) and receive
+    the rest from process 0, so processes on hosts without a shared file system
+    agree. Only process 0 writes. A process killed mid-sweep stops the others (JAX's
+    coordination service); rerun all of them to resume.
+
+    **Checkpointing.** With `checkpoint=path` (a folder), the folder holds a
     `manifest.json` (a fingerprint of the function name, `tag`, the grid names,
-    dtypes and values, the chunk size and the output structure) and one
-    `chunk_XXXXXX.npz` per finished chunk, each written to a temporary file and
-    moved into place with `os.replace`, so a killed run leaves only whole chunks.
-    A restarted sweep loads the finished chunks and computes only the rest; the
-    chunk layout does not depend on the number of devices, so a sweep may be
-    resumed on a different machine. A directory from a different sweep raises
-    `ValueError`. The fingerprint cannot see a change in the *body* of `fn`:
-    change `tag` (or the directory) when the function changes.
+    dtypes and values, the chunk size and the output structure, and each finished
+    chunk's size and SHA-256) and one `chunk_XXXXXX.npz` per finished chunk, each
+    written atomically and then entered in the manifest. A restarted sweep loads
+    the chunks whose size and hash match the manifest and computes the rest: a
+    damaged chunk is named in a `UserWarning` (and in `damaged`) and recomputed; a
+    chunk file the manifest does not list (a partial write, or left by another
+    sweep whose manifest was deleted) is never loaded. The chunk layout does not
+    depend on the number of devices, so a sweep may be resumed on another machine.
+    A folder of a different sweep, or with a corrupt manifest, raises `ValueError`.
+    The fingerprint cannot see a change in the *body* of `fn`: change `tag` (or
+    the folder) when the function changes.
 
-    **Gradients.** `fn` may itself use `jax.grad` (for example the gradient of a
-    loss through `solve_lv` with respect to a hyperparameter, reverse mode with
-    `diffrax.RecursiveCheckpointAdjoint`); `sweep` is a host-level driver and is
-    not itself differentiable or jit-able.
+    **Interrupting.** A SIGINT (Ctrl-C) stops the sweep once the chunk in progress
+    is saved, with `KeyboardInterrupt` (a second one stops at once); the
+    checkpoint stays whole either way.
+
+    **Gradients.** `fn` may itself use `jax.grad` (e.g. the gradient of a loss
+    through `solve_lv` with respect to a hyperparameter); `sweep` is a host-level
+    driver and is not itself differentiable or jit-able.
 
     **Arguments:**
 
@@ -275,17 +418,21 @@ def sweep(
     - `grid`: dict `name -> array` with a common leading length `N >= 1` (further
       axes are passed to `fn` per point); numeric, finite.
     - `mesh`: optional `jax.sharding.Mesh` with an axis called `axis_name`.
-    - `checkpoint`: optional directory for resumable sweeps.
+    - `checkpoint`: optional folder for resumable sweeps.
     - `chunk`: points per chunk (default: all `N` in one chunk).
     - `axis_name`: the mesh axis to shard the sweep over (default `"sweep"`).
-    - `progress`: show a `tqdm` progress bar over chunks (default `True`).
+    - `progress`: show a `tqdm` bar over chunks, which also says when it is
+      tracing, reading the checkpoint or compiling (default `True`; a string
+      shows it with that label). Only process 0 shows it.
     - `tag`: optional string mixed into the checkpoint fingerprint.
 
     **Returns:** a `SweepResult` with `.grid` and `.outputs` (leading axis `N`).
 
     **Raises:** `ValueError` for an empty grid, a non-numeric or non-finite grid
     array, arrays of different lengths, a bad `chunk`, a mesh without the axis
-    `axis_name`, or a checkpoint from a different sweep.
+    `axis_name`, processes called differently, or a checkpoint that belongs to a
+    different sweep or cannot be read or written (the file named);
+    `KeyboardInterrupt` after a SIGINT, at a chunk boundary.
     """
     grid, n = _check_grid(grid)
     if chunk is None:
@@ -294,31 +441,8 @@ def sweep(
         raise ValueError(f"`chunk` must be a positive integer, got {chunk!r}.")
     chunk = int(min(chunk, n))
     n_chunks = -(-n // chunk)
-
-    if mesh is not None:
-        if not isinstance(mesh, Mesh):
-            raise ValueError(f"`mesh` must be a jax.sharding.Mesh, got {type(mesh)}.")
-        if axis_name not in mesh.axis_names:
-            raise ValueError(
-                f"`mesh` has no axis named {axis_name!r} (its axes are "
-                f"{mesh.axis_names}); pass `axis_name=` one of them."
-            )
-        n_dev = int(mesh.shape[axis_name])
-        sharding = NamedSharding(mesh, PartitionSpec(axis_name))
-    else:
-        n_dev = 1
-        sharding = None
+    n_dev, sharding, multi = _check_mesh(mesh, axis_name)
     padded = -(-chunk // n_dev) * n_dev
-
-    def point_fn(point):
-        return fn(**point)
-
-    if sharding is None:
-        batched = jax.jit(jax.vmap(point_fn))
-    else:
-        batched = jax.jit(
-            jax.vmap(point_fn), in_shardings=(sharding,), out_shardings=sharding
-        )
 
     def rows(i: int) -> int:
         """Number of real (unpadded) points in chunk `i`."""
@@ -335,86 +459,71 @@ def sweep(
             for name, a in host.items()
         }
 
-    # One trace, shared by the fingerprint (output structure) and the compile.
-    traced = batched.trace(chunk_inputs(0))
-    out_info = traced.out_info
-    treedef = jax.tree.structure(out_info)
-    leaf_info = jax.tree.leaves(out_info)
+    label = progress if isinstance(progress, str) else "sweep"
+    show = bool(progress) and jax.process_index() == 0
+    bar = tqdm(total=n_chunks, desc=label, unit="chunk", disable=not show)
+    with defer_interrupts() as interrupted, bar:
+        bar.set_postfix_str("tracing")
+        program = _chunk_program(fn, chunk_inputs(0), mesh, axis_name)
+        leaf_info = jax.tree.leaves(program.out_info)
 
-    done: set[int] = set()
-    path = None
-    if checkpoint is not None:
-        path = os.fspath(checkpoint)
-        meta = {
-            "fn": _fn_name(fn),
-            "tag": tag,
-            "names": list(grid),
-            "n_points": n,
-            "chunk": chunk,
-            "n_chunks": n_chunks,
-        }
-        fingerprint = _fingerprint(fn, grid, chunk, out_info, tag)
-        done = _open_checkpoint(path, fingerprint, meta)
+        def expected(i: int):
+            return [((rows(i), *s.shape[1:]), np.dtype(s.dtype)) for s in leaf_info]
 
-    results: dict[int, list[np.ndarray]] = {}
-    for i in sorted(done):
-        assert path is not None
-        with np.load(_chunk_file(path, i)) as data:
-            leaves = [data[f"leaf_{j}"] for j in range(len(leaf_info))]
-        for leaf, info in zip(leaves, leaf_info):
-            if leaf.shape != (rows(i), *info.shape[1:]):
-                raise ValueError(
-                    f"checkpoint chunk {_chunk_file(path, i)} does not match this "
-                    f"sweep's outputs (shape {leaf.shape}, expected "
-                    f"{(rows(i), *info.shape[1:])})."
-                )
-        results[i] = leaves
+        fingerprint = _fingerprint(fn, grid, chunk, program.out_info, tag)
+        if multi:
+            agree(fingerprint, mesh)
+        ckpt = None
+        if checkpoint is not None:
+            meta = {
+                "format": _FORMAT,
+                "fn": _fn_name(fn),
+                "tag": tag,
+                "names": list(grid),
+                "n_points": n,
+                "chunk": chunk,
+                "n_chunks": n_chunks,
+            }
+            writer = not multi or jax.process_index() == 0
+            ckpt = Checkpoint(checkpoint, fingerprint, meta, writer=writer)
+        bar.set_postfix_str("reading the checkpoint")
+        if multi:
+            results, damaged = sync_chunks(ckpt, n_chunks, expected)
+        elif ckpt is not None:
+            done, damaged = load_chunks(ckpt, expected)
+            results = {i: leaves for i, (_, leaves) in done.items()}
+        else:
+            results, damaged = {}, []
+        n_loaded = len(results)
+        bar.update(n_loaded)
+        todo = [i for i in range(n_chunks) if i not in results]
+        out_leaves = []
+        if todo:
+            bar.set_postfix_str("compiling")
+            compiled = program.compiled()
+        bar.set_postfix_str("")
+        for i in todo:
+            if any_process(interrupted(), multi):
+                raise KeyboardInterrupt
+            out_leaves = jax.tree.leaves(compiled(chunk_inputs(i)))
+            leaves = [_to_host(x)[: rows(i)] for x in out_leaves]
+            if ckpt is not None and ckpt.writer:
+                ckpt.write(i, serialise(leaves))
+            results[i] = leaves
+            bar.update(1)
 
-    todo = [i for i in range(n_chunks) if i not in done]
-    devices: tuple[int, ...] = ()
-    shard_size = 0
-    if todo:
-        compiled = traced.lower().compile()
-        bar = tqdm(
-            total=n_chunks,
-            initial=len(done),
-            desc="sweep",
-            unit="chunk",
-            disable=(not progress) or jax.process_index() != 0,
-        )
-        try:
-            for i in todo:
-                out = compiled(chunk_inputs(i))
-                out_leaves = jax.tree.leaves(out)
-                leaves = [_to_host(leaf)[: rows(i)] for leaf in out_leaves]
-                if path is not None and jax.process_index() == 0:
-
-                    def write(f, leaves=leaves):
-                        np.savez(f, **{f"leaf_{j}": x for j, x in enumerate(leaves)})
-
-                    atomic_write(_chunk_file(path, i), write)
-                results[i] = leaves
-                bar.update(1)
-        finally:
-            bar.close()
-        if out_leaves:
-            shards = sorted(
-                out_leaves[0].addressable_shards,
-                key=lambda s: (s.index[0].start or 0, s.device.id),
-            )
-            devices = tuple(dict.fromkeys(s.device.id for s in shards))
-            shard_size = int(shards[0].data.shape[0])
-
+    devices, shard_size = _shard_devices(out_leaves[0]) if out_leaves else ((), 0)
     flat = [
         jnp.asarray(np.concatenate([results[i][j] for i in range(n_chunks)], axis=0))
         for j in range(len(leaf_info))
     ]
     return SweepResult(
         grid={name: jnp.asarray(a) for name, a in grid.items()},
-        outputs=jax.tree.unflatten(treedef, flat),
+        outputs=jax.tree.unflatten(jax.tree.structure(program.out_info), flat),
         n_chunks=n_chunks,
         n_computed=len(todo),
-        n_loaded=len(done),
+        n_loaded=n_loaded,
         devices=devices,
         shard_size=shard_size,
+        damaged=tuple(damaged),
     )

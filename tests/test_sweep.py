@@ -1,10 +1,14 @@
+import hashlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import diffrax
 import jax
@@ -247,3 +251,143 @@ def test_kill_and_resume(tmp_path):
     np.testing.assert_allclose(resumed["loss"], ref.outputs["loss"], rtol=1e-12)
     np.testing.assert_allclose(resumed["final"], ref.outputs["final"], rtol=1e-12)
     assert np.ptp(resumed["loss"][:, 3]) > 0.01
+
+
+# --------------------------------------------------------------------------------
+# checkpoint integrity
+
+
+def _double(x):
+    return {"y": 2 * x, "z": x**2}
+
+
+def _damage(file, how: str, rng) -> None:
+    data = bytearray(file.read_bytes())
+    if how == "truncate":
+        file.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "flip":  # one bit of the stored numbers (the end of the first leaf)
+        k = bytes(data).index(b"leaf_1") - 40
+        data[k] ^= 0x01
+        file.write_bytes(bytes(data))
+    elif how == "random":
+        file.write_bytes(rng.bytes(len(data)))
+
+
+@pytest.mark.parametrize("how", ["truncate", "empty", "flip", "random"])
+def test_damaged_chunk_is_named_and_recomputed(tmp_path, how):
+    x = np.arange(6.0)
+    first = nqfjax.sweep(
+        _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
+    )
+    assert (first.n_computed, first.n_loaded, first.damaged) == (3, 0, ())
+    file = tmp_path / "chunk_000001.npz"
+    _damage(file, how, np.random.default_rng(0))
+    with pytest.warns(UserWarning, match=re.escape(str(file))):
+        again = nqfjax.sweep(
+            _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
+        )
+    assert (again.n_computed, again.n_loaded) == (1, 2)
+    assert again.damaged == (str(file),)
+    np.testing.assert_array_equal(again.outputs["y"], 2 * x)
+    np.testing.assert_array_equal(again.outputs["z"], x**2)
+    # the recomputed chunk was written and entered in the manifest: all load now
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        third = nqfjax.sweep(
+            _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
+        )
+    assert (third.n_computed, third.n_loaded, third.damaged) == (0, 3, ())
+    np.testing.assert_array_equal(third.outputs["y"], 2 * x)
+
+
+def _rehash(folder, i: int, data: bytes) -> None:
+    """Write `data` as chunk `i` and enter its true size and hash in the manifest:
+    a chunk that passes the hash check, so only parsing can refuse it."""
+    (folder / f"chunk_{i:06d}.npz").write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["chunks"][f"{i:06d}"] = {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _npz(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (lambda rng: rng.bytes(300), "cannot be read"),
+        # object arrays need pickle, which the loader never allows
+        (
+            lambda rng: _npz(leaf_0=np.array([{}, 1], object), leaf_1=np.ones(2)),
+            "Object arrays",
+        ),
+        (
+            lambda rng: _npz(leaf_0=np.ones(2, np.float32), leaf_1=np.ones(2)),
+            "dtype float32",
+        ),
+        (lambda rng: _npz(leaf_0=np.ones(3), leaf_1=np.ones(3)), "shape (3,)"),
+        (lambda rng: _npz(leaf_0=np.ones(2)), "holds arrays"),
+    ],
+)
+def test_chunk_matching_its_hash_is_still_checked(tmp_path, content, why):
+    x = np.arange(6.0)
+    nqfjax.sweep(_double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False)
+    _rehash(tmp_path, 2, content(np.random.default_rng(1)))
+    with pytest.warns(UserWarning, match=re.escape(why)):
+        again = nqfjax.sweep(
+            _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
+        )
+    assert (again.n_computed, again.n_loaded) == (1, 2)
+    assert again.damaged == (str(tmp_path / "chunk_000002.npz"),)
+    np.testing.assert_array_equal(again.outputs["z"], x**2)
+
+
+def test_foreign_chunks_without_manifest_are_never_loaded(tmp_path):
+    # the issue's case: a checkpoint of another grid whose manifest was deleted
+    nqfjax.sweep(_double, {"x": np.arange(6.0)}, checkpoint=tmp_path, chunk=2,
+                 progress=False)  # fmt: skip
+    (tmp_path / "manifest.json").unlink()
+    x = np.arange(6.0) + 0.93
+    with pytest.warns(UserWarning, match="not listed in") as record:
+        result = nqfjax.sweep(
+            _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
+        )
+    named = {str(tmp_path / f"chunk_{i:06d}.npz") for i in range(3)}
+    assert named == {m for m in named if any(m in str(w.message) for w in record)}
+    assert (result.n_computed, result.n_loaded) == (3, 0)
+    np.testing.assert_array_equal(result.outputs["y"], 2 * x)  # none of the old
+    # and the folder now belongs to the new grid, whole
+    again = nqfjax.sweep(_double, {"x": x}, checkpoint=tmp_path, chunk=2,
+                         progress=False)  # fmt: skip
+    assert (again.n_computed, again.n_loaded) == (0, 3)
+    np.testing.assert_array_equal(again.outputs["z"], x**2)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [b"", b"{not json", b"\xff\xfe", b'{"fingerprint": "x"}', b'{"chunks": {}}',
+     b'{"fingerprint": "x", "chunks": {"000000": {"size": "1"}}}'],
+)  # fmt: skip
+def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest):
+    nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2,
+                 progress=False)  # fmt: skip
+    file = tmp_path / "manifest.json"
+    file.write_bytes(manifest)
+    with pytest.raises(ValueError, match=re.escape(f"{file} is corrupt")):
+        nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2)
+    assert file.read_bytes() == manifest  # left as it was for the user to see
+
+
+def test_checkpoint_that_is_a_file_is_refused(tmp_path):
+    file = tmp_path / "ckpt"
+    file.write_text("x")
+    with pytest.raises(ValueError, match="is not a folder"):
+        nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=file)
