@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from .. import plots
 from ..analysis.plateaus import detect_plateaus
 from ..analysis.power_law import fit_power_law
 from ..analysis.spectrum import fit_spectrum
@@ -278,62 +279,7 @@ def analyse_curve(
         if "spectrum" in curves:
             curves["spectrum_curve"] = np.asarray(curves["spectrum"].loss(ts))
     bar.close()
-    return jsonable(summary), _curve_figure(ts, loss, curves, summary)
-
-
-def _curve_figure(ts, loss, curves, summary):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
-    ax = fig.subplots()
-    pos = (ts > 0) & (loss > 0)
-    ax.loglog(ts[pos], loss[pos], "k-", lw=2.2, alpha=0.7, label="data")
-    if "plateaus" in curves:
-        pl = curves["plateaus"]
-        for i, (s, e, lvl) in enumerate(
-            zip(np.asarray(pl.start), np.asarray(pl.end), np.asarray(pl.level))
-        ):
-            ax.hlines(
-                lvl,
-                s,
-                e,
-                colors="C1",
-                lw=3,
-                alpha=0.8,
-                label="plateaus" if i == 0 else None,
-            )
-        for i, td in enumerate(np.asarray(pl.drop_times)):
-            ax.axvline(
-                td, color="C1", lw=0.8, ls=":", label="drops" if i == 0 else None
-            )
-    if "power_law_curve" in curves:
-        lo, hi = summary["power_law"]["window"]
-        ax.axvspan(lo, hi, color="C0", alpha=0.1, label="power-law window")
-        tt, fitted = curves["power_law_curve"]
-        g = summary["power_law"]["gamma"]
-        ax.loglog(
-            tt,
-            fitted,
-            "C0--",
-            lw=1.5,
-            label=rf"power law, $\gamma$ = {g:.3f}",
-        )
-    if "spectrum_curve" in curves:
-        s = summary["spectrum"]
-        model = curves["spectrum_curve"]
-        keep = pos & (model > 0)
-        ax.loglog(
-            ts[keep],
-            model[keep],
-            "C2:",
-            lw=1.5,
-            label=rf"spectrum: $\alpha$ = {s['alpha']:.2f}, $\beta$ = {s['beta']:.2f}",
-        )
-    ax.set_xlabel("t (steps)")
-    ax.set_ylabel("loss")
-    ax.set_title("Loss curve analysis")
-    ax.legend(fontsize=8)
-    return fig
+    return jsonable(summary), plots.plot_curve_analysis(ts, loss, curves, summary)
 
 
 def fit_curve_file(

@@ -422,9 +422,6 @@ def run_demo(
         path=out / "power_law.png",
     )
     plots.plot_structures(matrices, path=out / "structures.png")
-    import matplotlib.pyplot as plt
-
-    plt.close("all")
     done("figures")
     stages.close()
 

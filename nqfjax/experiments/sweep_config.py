@@ -59,6 +59,7 @@ import jax.random as jr
 import numpy as np
 import optax
 
+from .. import plots
 from .._curves import first_crossing
 from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, versions, write_figure, write_json
@@ -529,43 +530,7 @@ def run_sweep_config(
         **{name: a for name, a in axes.items()},
     }
     atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    write_figure(out / files["figure"], _sweep_figure(steps, loss, grid))
+    write_figure(out / files["figure"], plots.plot_sweep(steps, loss, grid))
     write_json(out / files["summary"], summary)
     summary["files"] = {k: out / v for k, v in files.items()}
     return summary
-
-
-def _sweep_figure(steps, loss, grid):
-    """One log-log panel of loss curves per `(optimizer, architecture)` group:
-    colour by init scale, line style by learning rate (seeds share both)."""
-    from matplotlib.figure import Figure
-
-    n_o, n_a = loss.shape[:2]
-    fig = Figure(figsize=(4.2 * n_a, 3.4 * n_o), layout="constrained")
-    axes = fig.subplots(n_o, n_a, squeeze=False)
-    colours = [f"C{i % 10}" for i in range(len(grid["init_scale"]))]
-    styles = ["-", "--", ":", "-."]
-    t = np.maximum(steps, 0.5)  # step 0 drawn at 0.5 on the log axis
-    for o, a in np.ndindex(n_o, n_a):
-        ax = axes[o, a]
-        for s, lr, seed in np.ndindex(loss.shape[2:5]):
-            curve = loss[o, a, s, lr, seed]
-            label = None
-            if seed == 0:
-                label = (
-                    f"σ={grid['init_scale'][s]:.3g}, η={grid['learning_rate'][lr]:.3g}"
-                )
-            ax.loglog(
-                t,
-                curve,
-                styles[lr % 4],
-                color=colours[s],
-                lw=1.2,
-                alpha=0.8,
-                label=label,
-            )
-        ax.set_title(f"{grid['optimizer'][o]}, {grid['architecture'][a]}", fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(fontsize=7)
-    return fig
