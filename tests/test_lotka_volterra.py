@@ -109,6 +109,12 @@ def test_vmap_checks():
         batched(d, np.array([0.1, -0.5]))
     with pytest.raises(RuntimeError, match="`B_diag` must be finite and non-negative"):
         batched(d * [[1, 1, 1], [1, 1, -1]], np.zeros(2))
+    # a dense B, batched: the one indefinite member is named
+    stack = np.stack([B_GOOD, B_BAD["indefinite"]])
+    with pytest.raises(RuntimeError, match="`B` must be positive semi-definite"):
+        jax.vmap(lambda B: LotkaVolterra(R, B).B_dense)(stack)
+    good = jax.vmap(lambda B: LotkaVolterra(R, B).B_dense)(np.stack([B_GOOD] * 2))
+    np.testing.assert_array_equal(good, np.stack([B_GOOD] * 2))
     # a good batch: independent logistic modes, m(t) = m* / (1 + (m*/m0 - 1)
     # e^{-(r - decay) t}) with m* = (r - decay) / d
     decay = np.array([0.1, 0.2])
@@ -159,3 +165,22 @@ def test_structured_system_holds_o_pq_memory():
     np.testing.assert_allclose(
         lv.fixed_point_isolated(), (r - 0.1) / np.diag(B), rtol=1e-14
     )
+
+
+def test_float32_system():
+    """float32 inputs (the default without x64) give a float32 system, checked the
+    same way eagerly and under jit."""
+    r32, B32 = R.astype(np.float32), B_GOOD.astype(np.float32)
+    lv = LotkaVolterra(r32, B32, np.float32(0.1))
+    assert lv.r.dtype == lv.B.dtype == lv.decay.dtype == np.float32
+    structured = LotkaVolterra(r32, B_diag=np.ones(3, np.float32))
+    assert structured.self_interactions().dtype == np.float32
+    with pytest.raises(ValueError, match="`B` must be positive semi-definite"):
+        LotkaVolterra(r32, B_BAD["indefinite"].astype(np.float32))
+    # (a check guards the field it is threaded into: return the whole system)
+    build = jax.jit(lambda B, decay: LotkaVolterra(r32, B, decay))
+    with pytest.raises(RuntimeError, match="`decay` must be finite and >= 0"):
+        build(B32, np.float32(-0.5))
+    with pytest.raises(RuntimeError, match="`B` must be symmetric"):
+        build(B_BAD["non-symmetric"].astype(np.float32), np.float32(0.0))
+    assert build(B32, np.float32(0.1)).B.dtype == np.float32

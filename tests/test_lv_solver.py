@@ -1,4 +1,5 @@
-"""`nqfjax._lv_solver`: a Rosenbrock solver for the log-space Lotka-Volterra system."""
+"""`nqfjax.engines._rosenbrock`: a Rosenbrock solver for the log-space
+Lotka-Volterra system."""
 
 import importlib.util
 import pathlib
@@ -11,7 +12,12 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from nqfjax import LotkaVolterra, solve_lv
-from nqfjax.engines._rosenbrock import LVRosenbrock
+from nqfjax.engines._rosenbrock import (
+    RODAS4,
+    RODAS5P,
+    LVRosenbrock,
+    RosenbrockTableau,
+)
 
 
 P = 5
@@ -96,10 +102,10 @@ def test_independent_modes_are_logistic():
     assert np.all(np.asarray(m)[-1] > 0.99 * m_star)  # every mode switched on
 
 
-def _fixed_step_error(method, ns, r, B, m0, T):
+def _fixed_step_error(tableau, ns, r, B, m0, T):
     ref = _scipy_log(r, B, m0, np.array([T]), rtol=1e-13)[-1]
     term = diffrax.ODETerm(lambda t, y, args: r - B @ jnp.exp(y))
-    solver = LVRosenbrock(B=jnp.asarray(B), method=method)
+    solver = LVRosenbrock(B=jnp.asarray(B), tableau=tableau)
 
     @jax.jit
     def solve(dt):
@@ -118,13 +124,14 @@ def _fixed_step_error(method, ns, r, B, m0, T):
     return [float(np.max(np.abs(np.asarray(solve(T / n)) - np.log(ref)))) for n in ns]
 
 
-@pytest.mark.parametrize("method, order", [("rodas4", 4), ("rodas5p", 5)])
-def test_convergence_order(method, order):
+@pytest.mark.parametrize("tableau, order", [(RODAS4, 4), (RODAS5P, 5)])
+def test_convergence_order(tableau, order):
     """Global error at T against the step size, by regression on a log-log plot."""
     r, B, _, _ = _interactions(3)
     m0 = np.array([1e-2, 1e-3, 1e-4])
     ns = [16, 32, 64, 128, 256]
-    errs = _fixed_step_error(method, ns, r, B, m0, T=8.0)
+    assert tableau.order == order
+    errs = _fixed_step_error(tableau, ns, r, B, m0, T=8.0)
     slope = np.polyfit(np.log(1.0 / np.array(ns)), np.log(errs), 1)[0]
     # Measured slopes: 4.05 (rodas4) and 4.8 (rodas5p, still approaching 5 from
     # below). A wrong Jacobian or coefficient drops the order to 1-2; errors here
@@ -240,8 +247,12 @@ def test_bad_arguments():
         LVRosenbrock(B=jnp.asarray(B), diag=jnp.asarray(d), factor=jnp.asarray(U))
     with pytest.raises(ValueError, match="shape"):
         LVRosenbrock(B=jnp.ones((3, 4)))
-    with pytest.raises(ValueError, match="method"):
-        LVRosenbrock(method="rodas9")
+    with pytest.raises(ValueError, match="tableau"):
+        LVRosenbrock(tableau="rodas4")
+    with pytest.raises(ValueError, match="Tableau 'broken'"):
+        RosenbrockTableau(
+            "broken", 2, 0.5, ((),), ((),), (0.0,), (1.0,), (1.0, 2.0), ()
+        )
     lv = LotkaVolterra(r, B)
     with pytest.raises(ValueError, match="size 3"):
         solve_lv(lv, np.full(P, 0.1), [1.0, 2.0], solver=LVRosenbrock(B=jnp.eye(3)))
@@ -261,3 +272,16 @@ def test_benchmark_quick_agrees():
     assert out["err"]["scipy LSODA"] <= 1e-6
     # ... so they agree with each other to within the sum.
     assert out["agreement"] <= 2e-6
+
+
+def test_method_string_is_deprecated():
+    """`LVRosenbrock(method="rodas5p")` still works for one release, with a
+    `DeprecationWarning`, and is the same solver as `tableau=RODAS5P`."""
+    with pytest.warns(DeprecationWarning, match="tableau=RODAS5P"):
+        old = LVRosenbrock(diag=jnp.ones(2), factor=jnp.zeros((2, 0)), method="rodas5p")
+    assert old.tableau is RODAS5P
+    new = LVRosenbrock(diag=jnp.ones(2), factor=jnp.zeros((2, 0)), tableau=RODAS5P)
+    assert old.tableau == new.tableau and hash(old.tableau) == hash(RODAS5P)
+    assert LVRosenbrock().tableau is RODAS4
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method"):
+        LVRosenbrock(method="rodas9")

@@ -14,32 +14,52 @@ $$W = I - \gamma h J = I + \gamma h\, B\, \mathrm{diag}(m)$$
 
 per step, and needs no Newton iteration. With `B` dense, `W` is LU-factorised
 once per step ($O(p^3)$); with `B = diag(d) + U U^T` (for example the quadratic
-network with Gaussian inputs, THEORY.md section 3, where `U` is one column) the
-Woodbury identity solves it in $O(pq)$ with a `q x q` capacitance matrix.
+network with Gaussian inputs, where `U` is one column) the Woodbury identity
+solves it in $O(pq)$ with a `q x q` capacitance matrix. The dense LU goes through
+lineax; the Woodbury solve is written here, because no library offers it with
+the analytic log-space Jacobian `-B diag(m)` (lineax's operators would need `W`
+formed or solved iteratively).
 """
 
-from typing import ClassVar, NamedTuple
+import dataclasses
+import warnings
+from typing import ClassVar
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
+import lineax as lx
 import numpy as np
 from jaxtyping import Array, Float
 
 
-class _Tableau(NamedTuple):
-    r"""A Rosenbrock method in the transformed form of Hairer and Wanner (RODAS):
+@dataclasses.dataclass(frozen=True)
+class RosenbrockTableau:
+    r"""The coefficients of a Rosenbrock method in the transformed form of Hairer
+    and Wanner (RODAS), with `s` stages: each stage solves
 
     $$(I/(h\gamma) - J)\, k_i = f\big(t_0 + c_i h,\,
-      y_0 + \textstyle\sum_j a_{ij} k_j\big)
-      + \textstyle\sum_j (C_{ij}/h)\, k_j + h\, d_i\, f_t ,$$
+      y_0 + \textstyle\sum_{j<i} a_{ij} k_j\big)
+      + \textstyle\sum_{j<i} (C_{ij}/h)\, k_j + h\, d_i\, f_t ,$$
 
-    $y_1 = y_0 + \sum_i m_i k_i$, error estimate `k[-1]` (the methods here are
-    stiffly accurate: `y1` minus the embedded solution is the last stage), dense
-    output $y(\theta) = (1-\theta) y_0 + \theta\,(y_1 + (1-\theta)(H_1 + \theta(H_2 +
-    \dots)))$ with $H_r = \sum_i h_{ri} k_i$.
+    then $y_1 = y_0 + \sum_i m_i k_i$. The methods are stiffly accurate, so the
+    error estimate ($y_1$ minus the embedded solution) is the last stage `k_s`.
+    The dense output on a step is $y(\theta) = (1-\theta) y_0 + \theta\,(y_1 +
+    (1-\theta)(H_1 + \theta(H_2 + \dots)))$ with $H_r = \sum_i h_{ri} k_i$.
+
+    A frozen (hashable) dataclass of tuples, as diffrax's `RosenbrockTableau`, so
+    that it can be a static field of the solver.
+
+    **Fields:**
+
+    - `name`: for messages; `order`: the order of `y1`.
+    - `gamma`: the diagonal $\gamma$ of the method (one matrix per step).
+    - `a`, `C`: the strictly lower triangles, row `i` of length `i`.
+    - `c`, `d`, `m`: length `s`.
+    - `H`: the dense-output rows, each of length `s`.
+
+    **Raises:** `ValueError` if the lengths do not fit together.
     """
 
     name: str
@@ -52,11 +72,35 @@ class _Tableau(NamedTuple):
     m: tuple[float, ...]
     H: tuple[tuple[float, ...], ...]
 
+    def __post_init__(self):
+        s = len(self.c)
+        rows_ok = all(
+            len(rows) == s and all(len(row) == i for i, row in enumerate(rows))
+            for rows in (self.a, self.C)
+        )
+        if not (
+            s >= 1
+            and rows_ok
+            and len(self.d) == len(self.m) == s
+            and all(len(row) == s for row in self.H)
+            and self.order >= 1
+            and self.gamma > 0
+        ):
+            raise ValueError(
+                f"Tableau {self.name!r}: `a` and `C` must be strictly lower "
+                f"triangles of {s} rows, `c`, `d`, `m` and each row of `H` of "
+                f"length {s}, `order >= 1` and `gamma > 0`."
+            )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.c)
+
 
 # Rodas4: Hairer and Wanner, Solving ODEs II, section IV.7 (the RODAS code's
 # coefficients). Order 4(3), 6 stages, dense output of order 3.
 _a5 = (1.221224509226641, 6.019134481288629, 12.53708332932087, -0.687886036105895)
-RODAS4 = _Tableau(
+RODAS4 = RosenbrockTableau(
     name="Rodas4",
     order=4,
     gamma=0.25,
@@ -116,7 +160,7 @@ _a6 = (
     -0.18268767659942256,
     0.030198172008377946,
 )
-RODAS5P = _Tableau(
+RODAS5P = RosenbrockTableau(
     name="Rodas5P",
     order=5,
     gamma=0.21193756319429014,
@@ -225,7 +269,8 @@ RODAS5P = _Tableau(
         ),
     ),
 )
-TABLEAUS = {"rodas4": RODAS4, "rodas5p": RODAS5P}
+# the strings of the deprecated `LVRosenbrock(method=...)`
+_TABLEAUS_BY_NAME = {"rodas4": RODAS4, "rodas5p": RODAS5P}
 
 
 def _combine(coeffs, ks):
@@ -240,20 +285,19 @@ def _combine(coeffs, ks):
 
 
 def _lu_solver(A):
-    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), whose
-    derivatives reuse the factors: `jax.lax.custom_linear_solve` differentiates the
-    solve implicitly (`dx = A^{-1}(db - dA x)`) instead of differentiating
-    `lu_factor`, whose JVP cost ~35x the solve (benchmarks/README.md,
-    `gradients.py`)."""
-    lu = jsl.lu_factor(jax.lax.stop_gradient(A))
+    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`) through
+    lineax, shared by every stage of a step. `lineax.linear_solve` differentiates
+    the solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same
+    factors) instead of differentiating `lu_factor`, whose JVP cost ~35x the solve
+    (benchmarks/README.md, `gradients.py`)."""
+    operator = lx.MatrixLinearOperator(A)
+    solver = lx.LU()
+    state = solver.init(lx.MatrixLinearOperator(jax.lax.stop_gradient(A)), {})
 
     def solve(b):
-        return jax.lax.custom_linear_solve(
-            lambda x: A @ x,
-            b,
-            solve=lambda _, x: jsl.lu_solve(lu, x),
-            transpose_solve=lambda _, x: jsl.lu_solve(lu, x, trans=1),
-        )
+        # throw=False: a singular W gives NaN, which the step-size controller
+        # rejects, as it does any failed step
+        return lx.linear_solve(operator, b, solver, state=state, throw=False).value
 
     return solve
 
@@ -316,17 +360,17 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
     `solve_lv(lv, m0, ts, solver=LVRosenbrock(B=lv.B))`; under `jax.vmap` over
     systems, build the solver inside the vmapped function (it is a pytree).
 
-    Methods (`method=`), both L-stable and stiffly accurate, with the last stage as
-    error estimate and a dense output built from the (damped) stage vectors, which
-    stays accurate on steps much longer than the fast time scales:
+    Tableaus (`tableau=`), both L-stable and stiffly accurate, with the last stage
+    as error estimate and a dense output built from the (damped) stage vectors,
+    which stays accurate on steps much longer than the fast time scales:
 
-    - `"rodas4"` (default): order 4(3), 6 stages, dense output of order 3
+    - `RODAS4` (default): order 4(3), 6 stages, dense output of order 3
       (Hairer and Wanner's RODAS).
-    - `"rodas5p"`: order 5(4), 8 stages, dense output of order 4 (Steinebach,
+    - `RODAS5P`: order 5(4), 8 stages, dense output of order 4 (Steinebach,
       BIT Numer. Math. 63, 2023). On the 64-mode benchmark of
       `benchmarks/lv_vs_scipy.py` its error estimate let the error during the
       first switch-ons reach 30x the tolerance, so it needed more steps than
-      `"rodas4"` for the same accuracy.
+      `RODAS4` for the same accuracy.
 
     With `rtol = 0`, `atol` bounds the local error of $\log m$, i.e. the relative
     error of `m`, for large and tiny modes alike.
@@ -340,28 +384,59 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
     - `B`: the interactions, shape `(p, p)` (dense mode).
     - `diag`, `factor`: `B = diag(diag) + factor @ factor.T`, shapes `(p,)` and
       `(p, q)` (structured mode). Give either `B`, or both of these, or nothing.
-    - `method`: `"rodas4"` (default) or `"rodas5p"`.
+    - `tableau`: a `RosenbrockTableau`, `RODAS4` (default) or `RODAS5P`.
     - `y_max`: the exponent clip; default that of `solve_lv`
       (`0.25 * log(finfo(dtype).max)`).
+    - `method`: deprecated, `"rodas4"` or `"rodas5p"` for `tableau` (accepted
+      with a `DeprecationWarning` for one release).
 
     **Raises:** `ValueError` if the arguments mix modes or have the wrong shapes,
     or (at trace time) if the state is not a 1-D array of the size of `B`.
     """
 
-    B: Float[Array, "p p"] | None = None
-    diag: Float[Array, " p"] | None = None
-    factor: Float[Array, "p q"] | None = None
-    method: str = eqx.field(static=True, default="rodas4")
-    y_max: float | None = eqx.field(static=True, default=None)
+    B: Float[Array, "p p"] | None
+    diag: Float[Array, " p"] | None
+    factor: Float[Array, "p q"] | None
+    tableau: RosenbrockTableau = eqx.field(static=True)
+    y_max: float | None = eqx.field(static=True)
 
     term_structure: ClassVar = diffrax.AbstractTerm
     interpolation_cls: ClassVar = RosenbrockInterpolation
 
-    def __check_init__(self):
-        if self.method not in TABLEAUS:
-            raise ValueError(
-                f"`method` must be one of {sorted(TABLEAUS)}, got {self.method!r}."
+    def __init__(
+        self,
+        B=None,
+        diag=None,
+        factor=None,
+        tableau: RosenbrockTableau = RODAS4,
+        y_max: float | None = None,
+        *,
+        method: str | None = None,
+    ):
+        if method is not None:
+            warnings.warn(
+                "`LVRosenbrock(method=...)` is deprecated; pass the tableau object, "
+                "e.g. `tableau=RODAS5P`.",
+                DeprecationWarning,
+                stacklevel=2,
             )
+            if method not in _TABLEAUS_BY_NAME:
+                raise ValueError(
+                    f"`method` must be one of {sorted(_TABLEAUS_BY_NAME)}, got "
+                    f"{method!r}."
+                )
+            tableau = _TABLEAUS_BY_NAME[method]
+        if not isinstance(tableau, RosenbrockTableau):
+            raise ValueError(
+                f"`tableau` must be a RosenbrockTableau (e.g. RODAS4), got {tableau!r}."
+            )
+        self.B = B
+        self.diag = diag
+        self.factor = factor
+        self.tableau = tableau
+        self.y_max = y_max
+
+    def __check_init__(self):
         structured = (self.diag is not None, self.factor is not None)
         if any(structured) and not all(structured):
             raise ValueError("`diag` and `factor` must be given together.")
@@ -390,10 +465,6 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         if self.diag is not None:
             return "diag_low_rank"
         return "generic"
-
-    @property
-    def tableau(self) -> _Tableau:
-        return TABLEAUS[self.method]
 
     def order(self, terms) -> int:
         return self.tableau.order
@@ -440,7 +511,8 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         if self.mode == "dense":
             solve = _lu_solver(eye + g * self.B.astype(dtype) * m[None, :])
             return (lambda b: solve(gh * b)), None
-        # W = A + g U (M U)^T with A = I + g diag(d m) diagonal. Woodbury:
+        # Hand-written Woodbury: no library solves diag + low rank with the analytic
+        # log-space Jacobian. W = A + g U (M U)^T with A = I + g diag(d m) diagonal:
         # W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1, with the capacitance
         # S = I + g U^T diag(m / A) U (symmetric positive definite when g > 0, d >= 0).
         d = self.diag.astype(dtype)

@@ -38,7 +38,8 @@ class LotkaVolterra(eqx.Module):
       cost `O(p q)` instead of `O(p^2)`-`O(p^3)`.
 
     The checks hold eagerly (`ValueError`) and under `jax.jit`/`jax.vmap`
-    (through `eqx.error_if`, a runtime error with the same message).
+    (through `eqx.error_if`, threaded into the field it guards: a runtime error
+    with the same message whenever that field is used, e.g. by `solve_lv`).
 
     **Arguments:**
 
