@@ -14,6 +14,7 @@ predictions here must cope with. `whiten=True` whitens them (then the tasks of
 a perceptron reduce exactly to a Lotka-Volterra system).
 """
 
+import os
 import random
 from typing import Literal
 
@@ -193,4 +194,136 @@ def load_dataset(
     ys = ys - ys.mean(0)
     if target == "label":
         ys = ys / ys.std(0)
+    return xs.astype(dtype), ys.astype(dtype)
+
+
+# --------------------------------------------------------------------------------
+# a user's own data file
+
+
+def _is_target_column(name: str) -> bool:
+    name = name.strip().lower()
+    return name == "y" or (
+        name.startswith("y") and (name[1:].isdigit() or name[1:2] == "_")
+    )
+
+
+def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            found = sorted(data.files)
+            missing = [key for key in ("xs", "ys") if key not in found]
+            if missing:
+                raise ValueError(
+                    f"{path}: missing array {missing[0]!r} (found "
+                    f"{', '.join(map(repr, found)) or 'none'}); save the data "
+                    "with numpy.savez(path, xs=inputs, ys=targets)."
+                )
+            arrays = {key: data[key] for key in ("xs", "ys")}
+    except ValueError as e:
+        if str(e).startswith(f"{path}:"):
+            raise
+        raise ValueError(f"{path}: not a readable .npz file ({e}).") from e
+    except (OSError, EOFError) as e:  # a zip that is not one
+        raise ValueError(f"{path}: not a readable .npz file ({e}).") from e
+    for key, array in arrays.items():
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+            raise ValueError(
+                f"{path}: `{key}` must hold numbers, got dtype {array.dtype}."
+            )
+    return arrays["xs"], arrays["ys"]
+
+
+def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, newline="") as f:
+        lines = [
+            (i + 1, line)
+            for i, line in enumerate(f.read().splitlines())
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    if not lines:
+        raise ValueError(f"{path}: empty file (a header line, then one row each).")
+    header = [name.strip() for name in lines[0][1].split(",")]
+    is_y = np.array([_is_target_column(name) for name in header])
+    if not is_y.any() or is_y.all():
+        raise ValueError(
+            f"{path}: the header must name feature columns and target columns "
+            f"(targets: 'y', 'y0', 'y1', ... or 'y_...'), got {header}."
+        )
+    rows = []
+    for lineno, line in lines[1:]:
+        cells = line.split(",")
+        if len(cells) != len(header):
+            raise ValueError(
+                f"{path}: line {lineno} has {len(cells)} columns, the header "
+                f"{len(header)}."
+            )
+        try:
+            rows.append([float(cell) for cell in cells])
+        except ValueError as e:
+            raise ValueError(f"{path}: line {lineno}: not a number ({e}).") from e
+    if not rows:
+        raise ValueError(f"{path}: no data rows after the header.")
+    table = np.asarray(rows, np.float64)
+    return table[:, ~is_y], table[:, is_y]
+
+
+def load_data_file(path, *, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    r"""A user's data `(xs, ys)` from a `.npz` or `.csv` file, checked.
+
+    - `.npz`: the arrays `xs` (shape `(n, ...)`, e.g. `(n, d)` or `(n, T, d)`) and
+      `ys` (shape `(n, k)`, or `(n,)` for one output), as written by
+      `numpy.savez(path, xs=..., ys=...)`.
+    - `.csv`: a header line, then one row per sample; the columns named `y`,
+      `y0`, `y1`, ... or `y_<name>` are the targets, the others the features.
+      Blank lines and lines starting with `#` are skipped.
+
+    The data are returned as they are (no standardisation).
+
+    **Arguments:**
+
+    - `path`: the file.
+    - `dtype`: a floating dtype of the returned arrays (default `float32`).
+
+    **Returns:** `(xs, ys)` with `ys` of shape `(n, k)`.
+
+    **Raises:** `ValueError`, one line starting with the path, for a missing
+    file, an unknown suffix, a missing array, NaN or inf (naming the array and
+    the first row), `xs` and `ys` with different numbers of rows, fewer than two
+    samples, or a malformed CSV line.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file.")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".npz":
+        xs, ys = _read_npz(path)
+    elif suffix == ".csv":
+        xs, ys = _read_csv(path)
+    else:
+        raise ValueError(f"{path}: the data file must end in .npz or .csv.")
+    if xs.ndim < 2:
+        raise ValueError(
+            f"{path}: `xs` must have shape (n, features...), got {xs.shape}."
+        )
+    if ys.ndim == 1:
+        ys = ys[:, None]
+    if ys.ndim != 2:
+        raise ValueError(
+            f"{path}: `ys` must have shape (n, k) or (n,), got {ys.shape}."
+        )
+    if xs.shape[0] != ys.shape[0]:
+        raise ValueError(
+            f"{path}: `xs` has {xs.shape[0]} rows but `ys` has {ys.shape[0]}; "
+            "they must hold one row per sample."
+        )
+    if xs.shape[0] < 2:
+        raise ValueError(f"{path}: at least 2 samples are needed, got {xs.shape[0]}.")
+    for key, array in (("xs", xs), ("ys", ys)):
+        bad = ~np.isfinite(array.astype(np.float64).reshape(len(array), -1))
+        if bad.any():
+            row = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise ValueError(
+                f"{path}: `{key}` contains NaN or inf (first at row {row})."
+            )
     return xs.astype(dtype), ys.astype(dtype)
