@@ -39,14 +39,16 @@ class Prediction(eqx.Module):
     r"""What `predict` returns: the predicted loss curve of training, when each
     mode switches on, the loss on the plateaus and the learned modes.
 
-    Modes are the eigenvalues of $M(t) = W W^\top$, in decreasing order at every
-    time (for the Lotka-Volterra engines, the mode amplitudes $m_k(t)$, which are
-    those eigenvalues). A mode is *learned* when its value at the last time
-    exceeds $\sqrt{\lambda_{\max}(M_0)\,\lambda_1(t_{\rm end})}$, the geometric
-    middle between the initial scale and the largest learned mode; the `q`
-    learned modes switch on when they first reach half their value at the last
-    time (interpolated log-linearly between records). Choose the horizon so that
-    the modes of interest have settled.
+    Modes are the eigenvectors of the last $M = W W^\top$; a mode is *learned*
+    when its eigenvalue exceeds $\sqrt{\lambda_{\max}(M_0)\,\lambda_1}$, the
+    geometric middle between the initial scale and the largest learned mode.
+    Its curve is the eigenvalue of $M(t)$ that continues it, followed backwards
+    in time by eigenvector overlap (so that a mode keeps its identity when a
+    later, larger one overtakes it; for the Lotka-Volterra engines, the
+    amplitude $m_k(t)$). It switches on when that curve first reaches half its
+    last value (interpolated log-linearly between records). Choose the horizon
+    so that the modes of interest have settled, and records dense enough to
+    follow them (the default 200 log-spaced steps).
 
     **Attributes:**
 
@@ -57,8 +59,7 @@ class Prediction(eqx.Module):
       `lv_reduce` (0 for an exact reduction; NaN when it was not measured).
     - `ts`: the times (gradient steps), shape `(T,)`.
     - `loss`: the predicted loss at `ts`, shape `(T,)`.
-    - `eigenvalues`: the largest `min(p, 2 q + 2)` eigenvalues of `M(ts)`,
-      shape `(T, r)`, decreasing in each row.
+    - `mode_curves`: the learned modes' eigenvalues along `ts`, shape `(T, q)`.
     - `switch_times`: the switch-on times of the learned modes, shape `(q,)`
       (NaN for one that was already on at `ts[0]`).
     - `switch_levels`: the values they cross then (half their last value),
@@ -80,7 +81,7 @@ class Prediction(eqx.Module):
     violation: Float[Array, ""]
     ts: Float[Array, " T"]
     loss: Float[Array, " T"]
-    eigenvalues: Float[Array, "T r"]
+    mode_curves: Float[Array, "T q"]
     switch_times: Float[Array, " q"]
     switch_levels: Float[Array, " q"]
     plateaus: Float[Array, " q+1"]
@@ -181,18 +182,43 @@ def _exact_violation(task, eta, weight_decay, tol):
 # reading the curves
 
 
-def _learned_modes(ts, lam, lam0):
-    """Which columns of the decreasing eigenvalues `lam` (`(T, p)`) are learned,
-    their switch-on levels and times (see `Prediction`)."""
-    last = lam[-1]
-    top = max(float(last[0]), float(lam0))
+def _track(M, V):
+    """The eigenvalues of `M(t)` (shape `(T, p, p)`) that continue the
+    eigenvectors `V` (shape `(p, q)`) of the last `M`, followed backwards in time
+    by the largest overlap between consecutive records (each record's
+    eigenvectors assigned greedily, the largest tracked mode first), so that a
+    mode keeps its identity when a later mode overtakes it. Shape `(T, q)`."""
+    lam, U = np.linalg.eigh(0.5 * (M + np.swapaxes(M, 1, 2)))
+    T, q = M.shape[0], V.shape[1]
+    out = np.zeros((T, q))
+    current = V
+    for t in range(T - 1, -1, -1):
+        overlap = (current.T @ U[t]) ** 2  # (q, p)
+        chosen = np.full(q, -1)
+        for j in np.argsort(-out[t + 1] if t + 1 < T else -np.arange(q)):
+            row = np.where(np.isin(np.arange(U.shape[1]), chosen), -1.0, overlap[j])
+            chosen[j] = int(np.argmax(row))
+        out[t] = lam[t, chosen]
+        current = U[t][:, chosen]
+    return out
+
+
+def _learned_modes(ts, lam_last, lam0):
+    """How many of the decreasing last eigenvalues `lam_last` are learned (see
+    `Prediction`)."""
+    top = max(float(lam_last[0]), float(lam0))
     floor = np.sqrt(max(float(lam0), np.finfo(np.float64).tiny) * top)
-    q = int(np.sum(last > floor)) if last[0] > lam0 else 0
-    levels = 0.5 * last[:q]
-    times = np.asarray(
-        switch_times_from_curves(ts, np.maximum(lam[:, :q], 1e-300), 0.5, last[:q])
+    return int(np.sum(lam_last > floor)) if lam_last[0] > lam0 else 0
+
+
+def _switch_times(ts, curves):
+    """When each column of `curves` (`(T, q)`) first reaches half its last value."""
+    if curves.shape[1] == 0:
+        return np.zeros(0)
+    last = curves[-1]
+    return np.asarray(
+        switch_times_from_curves(ts, np.maximum(curves, 1e-300), 0.5, last)
     )
-    return q, levels, times
 
 
 def _plateaus(ts, loss, times):
@@ -317,8 +343,8 @@ def predict(
         M, loss = _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps)
         M = np.asarray(M, np.float64)
         lam, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
-        lam_t = np.linalg.eigvalsh(0.5 * (M + np.swapaxes(M, 1, 2)))[:, ::-1]
         vecs, last = vecs[:, ::-1], lam[::-1]
+        curves = lambda q: _track(M, vecs[:, :q])  # noqa: E731
         used = "mflow"
         why = (
             "M-space flow: the M-space flow was asked for"
@@ -331,8 +357,8 @@ def predict(
         m, loss = _solve_lv_curve(lv, m0, ts, max_steps)
         m = np.asarray(m, np.float64)
         order = np.argsort(-m[-1], kind="stable")
-        lam_t = -np.sort(-m, axis=1)
         vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
+        curves = lambda q: m[:, order[:q]]  # noqa: E731
         if violation == 0.0:
             used = "lv"
             violation = _exact_violation(task, eta, weight_decay, used_tol)
@@ -346,8 +372,9 @@ def predict(
 
     loss = np.asarray(loss, np.float64)
     lam0 = float(np.max(np.linalg.eigvalsh(np.asarray(M0, np.float64))))
-    q, levels, times = _learned_modes(grid, lam_t, lam0)
-    keep = min(lam_t.shape[1], 2 * q + 2)
+    q = _learned_modes(grid, last, lam0)
+    mode_curves = curves(q)
+    times = _switch_times(grid, mode_curves)
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(
@@ -356,9 +383,9 @@ def predict(
         violation=as_array(violation),
         ts=ts,
         loss=as_array(loss),
-        eigenvalues=as_array(lam_t[:, :keep]),
+        mode_curves=as_array(mode_curves),
         switch_times=as_array(times),
-        switch_levels=as_array(levels),
+        switch_levels=as_array(0.5 * last[:q]),
         plateaus=as_array(_plateaus(grid, loss, times)),
         modes=as_array(vecs[:, :q]),
         mode_values=as_array(last[:q]),
@@ -371,6 +398,18 @@ def predict(
 # agreement with a measured run
 
 
+def _matching_eigenvectors(M, modes):
+    """For each column of `modes` (shape `(p, q)`), the eigenvector of `M` with
+    the largest overlap, assigned greedily without repeats. Shape `(p, q)`."""
+    _, U = np.linalg.eigh(0.5 * (M + M.T))
+    overlap = (np.asarray(modes, np.float64).T @ U) ** 2
+    chosen: list[int] = []
+    for row in overlap:
+        row = np.where(np.isin(np.arange(len(row)), chosen), -1.0, row)
+        chosen.append(int(np.argmax(row)))
+    return U[:, chosen]
+
+
 def agreement(
     prediction: Prediction,
     measured: TrainResult | Prediction,
@@ -380,11 +419,15 @@ def agreement(
     r"""Compare a measured run with a `Prediction`: the first `num_switches`
     switch-on times and the loss curve up to the last of them.
 
-    The measured switch-on of mode `k` is the first time the `k`-th largest
-    eigenvalue of the measured `M(t)` reaches the prediction's
-    `switch_levels[k]` (the same threshold, so the two times measure the same
-    event). The loss is compared in log space at the measured times, the
-    predicted $\ln L$ interpolated linearly in `t`.
+    For a trained network, mode `k` is the eigenvector of the last measured `M`
+    closest to the predicted `modes[:, k]`, followed backwards in time as in
+    `Prediction`; it switches on when its eigenvalue first reaches the
+    prediction's `switch_levels[k]` (the same threshold, so that the two times
+    measure the same event: the trained network's own last value keeps moving
+    where the real layer departs from its quadratic form). For another
+    prediction, its own switch-on times, matched in time order. The loss is
+    compared in log space at the measured times, the predicted $\ln L$
+    interpolated linearly in `t`.
 
     **Arguments:**
 
@@ -408,11 +451,11 @@ def agreement(
             )
         t_m = np.asarray(measured.ts, np.float64)
         M = np.asarray(measured.M, np.float64)
-        lam = np.linalg.eigvalsh(0.5 * (M + np.swapaxes(M, 1, 2)))[:, ::-1]
+        lam = _track(M, _matching_eigenvectors(M[-1], np.asarray(prediction.modes)))
         loss_m = np.asarray(measured.loss, np.float64)
     elif isinstance(measured, Prediction):
         t_m = np.asarray(measured.ts, np.float64)
-        lam = np.asarray(measured.eigenvalues, np.float64)
+        lam = None
         loss_m = np.asarray(measured.loss, np.float64)
     else:
         raise ValueError(
@@ -422,13 +465,20 @@ def agreement(
     times = np.asarray(prediction.switch_times, np.float64)
     levels = np.asarray(prediction.switch_levels, np.float64)
     order = np.argsort(np.where(np.isfinite(times), times, np.inf), kind="stable")
-    c = min(num_switches, len(times), lam.shape[1])
+    c = min(num_switches, len(times))
     pick = np.sort(order[:c])
-    measured_times = np.asarray(
-        switch_times_from_curves(
-            t_m, np.maximum(lam[:, pick], 1e-300), 0.5, 2.0 * levels[pick]
+    if lam is not None:
+        measured_times = np.asarray(
+            switch_times_from_curves(
+                t_m, np.maximum(lam[:, pick], 1e-300), 0.5, 2.0 * levels[pick]
+            )
         )
-    )
+    else:  # another prediction: its own switch-on times, matched in time order
+        own = np.sort(np.asarray(measured.switch_times, np.float64))
+        measured_times = np.full(len(pick), np.nan)
+        rank = np.argsort(np.argsort(times[pick]))
+        hit = rank < len(own)
+        measured_times[hit] = own[rank[hit]]
     horizon = float(np.nanmax(times[pick])) if c else min(t_p[-1], t_m[-1])
     window = (t_m >= t_p[0]) & (t_m <= min(horizon, t_p[-1]))
     if not np.any(window):
