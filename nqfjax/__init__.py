@@ -17,6 +17,10 @@ from .analysis.spectrum import (
     SpectrumFit as SpectrumFit,
     fit_spectrum as fit_spectrum,
 )
+from .data import (
+    load_data_file as load_data_file,
+    load_dataset as load_dataset,
+)
 from .engines.clock import (
     clock as clock,
     invert_clock as invert_clock,
@@ -54,6 +58,13 @@ from .experiments.methods import (
     compare_methods as compare_methods,
     switch_times_from_curves as switch_times_from_curves,
     train_method as train_method,
+)
+from .experiments.predict import (
+    Agreement as Agreement,
+    Prediction as Prediction,
+    agreement as agreement,
+    predict as predict,
+    predict_file as predict_file,
 )
 from .experiments.sweep_config import (
     SweepConfig as SweepConfig,

@@ -191,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
         help="skip the spectrum fit (plateaus and power law only)",
     )
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_predict_parser(sub)
     return parser
 
 
@@ -268,6 +269,143 @@ def _fit(args) -> None:
         print(f"  {name + ':':9s}{summary['files'][name]}")
 
 
+_PREDICT = """\
+Predict the training of a network on your data from small initialisation: the
+loss curve, when each mode switches on, the loss on each plateau, the learned
+modes. Uses the Lotka-Volterra reduction where the data allow it and the
+M-space flow where they do not, and says which and why. With --train it also
+trains the real network (full-batch gradient descent from the same initial
+weights) and reports the agreement per switch-on.
+
+data: DATA.npz with arrays xs (n, d), or (n, T, d) for attention, and ys (n, k)
+or (n,) (numpy.savez(path, xs=..., ys=...)); or DATA.csv with a header, the
+columns y, y0, y1, ... (or y_NAME) the targets and the others the features.
+Or --dataset NAME: a real data set from scikit-learn or MNIST-1D (standardised,
+one-hot targets minus their means; `pip install 'nqfjax[data]'`).
+
+outputs (in OUT): prediction.json (every number) and prediction.png (the
+predicted curve, the switch-on times, and the trained curve with --train)."""
+
+
+def _arch_arg(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    low = value.strip().lower()
+    if low in ("true", "false"):
+        return name.strip(), low == "true"
+    for kind in (int, float):
+        try:
+            return name.strip(), kind(value)
+        except ValueError:
+            pass
+    return name.strip(), value.strip()
+
+
+def _add_predict_parser(sub) -> None:
+    predict = sub.add_parser(
+        "predict",
+        help="predict a network's training on your data (npz/csv or a data set)",
+        description=_PREDICT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    predict.add_argument(
+        "data", metavar="DATA.npz|DATA.csv", type=Path, nargs="?", help="the data"
+    )
+    predict.add_argument(
+        "--dataset",
+        choices=("wine", "digits", "breast_cancer", "iris", "mnist1d"),
+        help="a bundled real data set instead of a file",
+    )
+    predict.add_argument(
+        "--n", type=int, metavar="N", help="at most N samples of --dataset"
+    )
+    predict.add_argument(
+        "--arch",
+        default="perceptron",
+        choices=(
+            "perceptron",
+            "quadratic",
+            "conv1d",
+            "qk_attention",
+            "ov_attention",
+            "moe",
+        ),
+        help="the architecture, sized from the data (default: perceptron)",
+    )
+    predict.add_argument(
+        "--arch-arg",
+        type=_arch_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another constructor argument, e.g. kernel_size=5 (repeatable)",
+    )
+    predict.add_argument(
+        "--init-scale", type=float, default=1e-4, help="sigma (default: 1e-4)"
+    )
+    predict.add_argument(
+        "--lr",
+        type=float,
+        help="learning rate (default: growth rate 0.01 per step for the first mode)",
+    )
+    predict.add_argument("--width", type=int, default=4, help="units (default: 4)")
+    predict.add_argument(
+        "--steps", type=int, help="horizon in steps (default: past the third mode)"
+    )
+    predict.add_argument(
+        "--engine",
+        choices=("auto", "lv", "mflow", "approximate_lv"),
+        default="auto",
+        help="auto (default): LV where the data reduce, else the M-space flow",
+    )
+    predict.add_argument(
+        "--train", action="store_true", help="also train the real network, compare"
+    )
+    predict.add_argument("--seed", type=int, default=0, help="init seed (default 0)")
+    predict.add_argument(
+        "--out",
+        metavar="DIR",
+        type=Path,
+        help="output directory (default: ./nqfjax-out/predict-<data name>)",
+    )
+    predict.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _predict(args) -> None:
+    if (args.data is None) == (args.dataset is None):
+        raise ValueError("give a data file (DATA.npz or DATA.csv) or --dataset NAME.")
+    name = args.dataset if args.data is None else args.data.stem
+    out = args.out or Path("nqfjax-out") / f"predict-{name}"
+    summary = nqfjax.predict_file(
+        out,
+        data=args.data,
+        dataset=args.dataset,
+        n=args.n,
+        arch=args.arch,
+        arch_args=dict(args.arch_arg),
+        init_scale=args.init_scale,
+        learning_rate=args.lr,
+        width=args.width,
+        num_steps=args.steps,
+        engine=args.engine,
+        train_network=args.train,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    print(f"nqfjax predict: {summary['engine']}: {summary['reason']}")
+    times = ", ".join(f"{t:.4g}" for t in summary["switch_times"] if t is not None)
+    print(f"  switch-on times (steps): {times or 'none within the horizon'}")
+    for row in summary.get("agreement", {}).get("switch_on", []):
+        err = row["relative_error"]
+        print(
+            f"  trained: predicted {row['predicted']:.4g}, measured "
+            f"{_fmt(row['measured'])} ({'n/a' if err is None else f'{err:+.2%}'})"
+        )
+    for what in ("summary", "figure"):
+        print(f"  {what + ':':9s}{summary['files'][what]}")
+
+
 def main(argv=None) -> int:
     """Run the `nqfjax` command.
 
@@ -283,7 +421,9 @@ def main(argv=None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # the command only writes figures to files
-    handler = {"demo": _demo, "sweep": _sweep, "fit": _fit}[args.command]
+    handler = {"demo": _demo, "sweep": _sweep, "fit": _fit, "predict": _predict}[
+        args.command
+    ]
     try:
         status = handler(args)
     except ValueError as e:

@@ -1,0 +1,735 @@
+r"""Predictions for a user's own architecture and data (`predict`), their
+agreement with a measured run (`agreement`), and the file-to-report driver of
+`nqfjax predict` (`predict_file`).
+
+`predict` builds the empirical task of the samples, reduces it to a
+Lotka-Volterra system where the data allow (`lv_reduce`), and otherwise
+integrates the M-space flow from the initial `M0 = W0 W0^T` that `train` would
+start from with the same key, saying which engine it used and why.
+"""
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from .._checks import static_int
+from ..data import load_data_file, load_dataset
+from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
+from ..engines.mflow import solve_mflow
+from ..engines.train import TrainResult, log_spaced_steps, train
+from ..io import jsonable, versions, write_figure, write_json
+from ..structures.base import Structure
+from ..tasks.sampled import task_from_samples
+from .methods import switch_times_from_curves
+from .sweep_config import ARCHITECTURES
+
+
+_ENGINES = ("auto", "lv", "mflow", "approximate_lv")
+
+
+class Prediction(eqx.Module):
+    r"""What `predict` returns: the predicted loss curve of training, when each
+    mode switches on, the loss on the plateaus and the learned modes.
+
+    Modes are the eigenvectors of the last $M = W W^\top$; a mode is *learned*
+    when its eigenvalue exceeds $\sqrt{\lambda_{\max}(M_0)\,\lambda_1}$, the
+    geometric middle between the initial scale and the largest learned mode.
+    Its curve is the eigenvalue of $M(t)$ that continues it, followed backwards
+    in time by eigenvector overlap (so that a mode keeps its identity when a
+    later, larger one overtakes it; for the Lotka-Volterra engines, the
+    amplitude $m_k(t)$). It switches on when that curve first reaches half its
+    last value (interpolated log-linearly between records). Choose the horizon
+    so that the modes of interest have settled, and records dense enough to
+    follow them (the default 200 log-spaced steps).
+
+    **Attributes:**
+
+    - `engine`: `"lv"` (exact reduction), `"mflow"` (the M-space flow) or
+      `"approximate_lv"` (the Lotka-Volterra system in the eigenbasis of `C`).
+    - `reason`: one line saying why that engine (the measured violation).
+    - `violation`: the relative violation of commutation measured by
+      `lv_reduce` (0 for an exact reduction; NaN when it was not measured).
+    - `ts`: the times (gradient steps), shape `(T,)`.
+    - `loss`: the predicted loss at `ts`, shape `(T,)`.
+    - `mode_curves`: the learned modes' eigenvalues along `ts`, shape `(T, q)`.
+    - `switch_times`: the switch-on times of the learned modes, shape `(q,)`
+      (NaN for one that was already on at `ts[0]`).
+    - `switch_levels`: the values they cross then (half their last value),
+      shape `(q,)`: apply them to a measured `M(t)` to time its switch-ons.
+    - `plateaus`: the loss before the first switch-on (at `ts[0]`), between
+      consecutive switch-ons (at their geometric mean time) and at the last
+      time, shape `(q + 1,)`, in the order of the switch-on times.
+    - `modes`: the learned modes, eigenvectors of the last `M`, shape `(p, q)`.
+    - `mode_values`: their eigenvalues, shape `(q,)`.
+    - `M0`: the initial `M = W0 W0^T`, shape `(p, p)`.
+    - `growth_rate`: the largest linear growth rate $r = 4\eta\lambda_{\max}(C)$
+      per step. Full-batch GD grows a mode by $(1 + r)$ per step where the flow
+      grows it by $e^r$: its switch-ons lag the flow's by a fraction of about
+      $r/2$.
+    """
+
+    engine: str = eqx.field(static=True)
+    reason: str = eqx.field(static=True)
+    violation: Float[Array, ""]
+    ts: Float[Array, " T"]
+    loss: Float[Array, " T"]
+    mode_curves: Float[Array, "T q"]
+    switch_times: Float[Array, " q"]
+    switch_levels: Float[Array, " q"]
+    plateaus: Float[Array, " q+1"]
+    modes: Float[Array, "p q"]
+    mode_values: Float[Array, " q"]
+    M0: Float[Array, "p p"]
+    growth_rate: Float[Array, ""]
+
+
+class Agreement(eqx.Module):
+    r"""How closely a measured run follows a `Prediction` (see `agreement`).
+
+    **Attributes:**
+
+    - `predicted_times`: the predicted switch-on times compared, shape `(c,)`.
+    - `measured_times`: the measured ones (the same thresholds crossed by the
+      measured eigenvalues of `M`), shape `(c,)`; NaN where not measured.
+    - `time_errors`: `measured / predicted - 1`, shape `(c,)`.
+    - `log_loss_departure`: $\max |\ln L_{\rm measured} - \ln L_{\rm predicted}|$
+      over the measured times up to `horizon`.
+    - `horizon`: the last time compared: the `c`-th switch-on (or the last
+      common time when no mode switches on).
+    """
+
+    predicted_times: Float[Array, " c"]
+    measured_times: Float[Array, " c"]
+    time_errors: Float[Array, " c"]
+    log_loss_departure: Float[Array, ""]
+    horizon: Float[Array, ""]
+
+    @property
+    def max_time_error(self) -> float:
+        """The largest `|time_errors|` (NaN if any time is missing)."""
+        errors = np.asarray(self.time_errors)
+        return float(np.max(np.abs(errors))) if errors.size else 0.0
+
+
+# --------------------------------------------------------------------------------
+# the engines, each behind one private function (their return types may change)
+
+
+def _initial_weights(structure, key, init_scale, width, dtype):
+    """`W0` exactly as `nqfjax.train` draws it from `key`: the first half of
+    `jr.split(key)` gives standard normals of shape `(p, width)` in the data's
+    dtype, times `init_scale`."""
+    init_key, _ = jr.split(key)
+    Z = jr.normal(init_key, (structure.p, width), dtype)
+    return jnp.asarray(init_scale, dtype) * Z
+
+
+@eqx.filter_jit
+def _losses(task, M):
+    return jax.vmap(task.loss)(M)
+
+
+def _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps):
+    """`M(ts)` and the loss along it from the M-space flow."""
+    M = solve_mflow(task, M0, ts, eta, weight_decay, solver=solver, max_steps=max_steps)
+    return M, _losses(task, M)
+
+
+def _solve_lv_curve(lv, m0, ts, max_steps):
+    """`m(ts)` and the loss along it from the Lotka-Volterra system."""
+    m = solve_lv(lv, m0, ts, max_steps=max_steps)
+    return m, jax.vmap(lv.loss)(m)
+
+
+def _reduce(task, eta, weight_decay, engine, tol):
+    """`(lv, basis, violation, tol)`; `lv` is `None` when the M-space flow is
+    needed. `approximate_lv` keeps the eigenbasis of `C` whatever the violation,
+    measured by a first `lv_reduce` at the usual tolerance."""
+    if engine == "mflow":
+        return None, None, float("nan"), float("nan")
+    try:
+        lv, basis = lv_reduce(task, eta, weight_decay, tol=tol)
+        used_tol = tol if tol is not None else float("nan")
+        return lv, basis, 0.0, used_tol
+    except NotReducibleError as e:
+        if engine == "lv":
+            raise
+        if engine == "auto":
+            return None, None, e.violation, e.tol
+        lv, basis = lv_reduce(task, eta, weight_decay, tol=np.inf)
+        return lv, basis, e.violation, e.tol
+
+
+def _exact_violation(task, eta, weight_decay, tol):
+    """The violation of an accepted reduction, measured again at `tol = 0`
+    (`lv_reduce` reports it only when it refuses)."""
+    try:
+        lv_reduce(task, eta, weight_decay, tol=0.0)
+    except NotReducibleError as e:
+        return e.violation
+    return 0.0
+
+
+# --------------------------------------------------------------------------------
+# reading the curves
+
+
+def _track(M, V):
+    """The eigenvalues of `M(t)` (shape `(T, p, p)`) that continue the
+    eigenvectors `V` (shape `(p, q)`) of the last `M`, followed backwards in time
+    by the largest overlap between consecutive records (each record's
+    eigenvectors assigned greedily, the largest tracked mode first), so that a
+    mode keeps its identity when a later mode overtakes it. Shape `(T, q)`."""
+    lam, U = np.linalg.eigh(0.5 * (M + np.swapaxes(M, 1, 2)))
+    T, q = M.shape[0], V.shape[1]
+    out = np.zeros((T, q))
+    current = V
+    for t in range(T - 1, -1, -1):
+        overlap = (current.T @ U[t]) ** 2  # (q, p)
+        chosen = np.full(q, -1)
+        for j in np.argsort(-out[t + 1] if t + 1 < T else -np.arange(q)):
+            row = np.where(np.isin(np.arange(U.shape[1]), chosen), -1.0, overlap[j])
+            chosen[j] = int(np.argmax(row))
+        out[t] = lam[t, chosen]
+        current = U[t][:, chosen]
+    return out
+
+
+def _learned_modes(ts, lam_last, lam0):
+    """How many of the decreasing last eigenvalues `lam_last` are learned (see
+    `Prediction`)."""
+    top = max(float(lam_last[0]), float(lam0))
+    floor = np.sqrt(max(float(lam0), np.finfo(np.float64).tiny) * top)
+    return int(np.sum(lam_last > floor)) if lam_last[0] > lam0 else 0
+
+
+def _switch_times(ts, curves):
+    """When each column of `curves` (`(T, q)`) first reaches half its last value."""
+    if curves.shape[1] == 0:
+        return np.zeros(0)
+    last = curves[-1]
+    return np.asarray(
+        switch_times_from_curves(ts, np.maximum(curves, 1e-300), 0.5, last)
+    )
+
+
+def _plateaus(ts, loss, times):
+    """The loss at `ts[0]`, half-way in `log t` between consecutive switch-on
+    times, and at `ts[-1]`."""
+    on = np.sort(times[np.isfinite(times) & (times > 0)])
+    mids = np.sqrt(on[:-1] * on[1:])
+    log_loss = np.log(np.maximum(loss, np.finfo(np.float64).tiny))
+    inner = np.exp(np.interp(mids, ts, log_loss))
+    levels = np.concatenate([[loss[0]], inner, [loss[-1]]])
+    # modes already on at ts[0] (NaN times) have no plateau before them
+    missing = len(times) + 1 - len(levels)
+    return np.concatenate([levels, np.full(missing, np.nan)])
+
+
+def _time_grid(num_steps, num_records, ts):
+    if (num_steps is None) == (ts is None):
+        raise ValueError("Give exactly one of `num_steps` and `ts`.")
+    if ts is not None:
+        ts = np.asarray(ts, np.float64).reshape(-1)
+        if ts.size < 2 or not np.all(np.isfinite(ts)) or np.any(np.diff(ts) <= 0):
+            raise ValueError("`ts` must hold at least 2 increasing finite times.")
+        if ts[0] < 0:
+            raise ValueError(f"`ts` must start at or after 0, got {ts[0]}.")
+        return ts
+    num_steps = static_int("num_steps", num_steps, 1)
+    num_records = static_int("num_records", num_records, 3)
+    return np.asarray(log_spaced_steps(num_steps, num_records), np.float64)
+
+
+def predict(
+    structure: Structure,
+    xs: Float[ArrayLike, "n ..."],
+    ys: Float[ArrayLike, "n k"],
+    *,
+    init_scale: float,
+    learning_rate: float,
+    width: int,
+    key: PRNGKeyArray,
+    num_steps: int | None = None,
+    ts: Float[ArrayLike, " T"] | None = None,
+    num_records: int = 200,
+    weight_decay: float = 0.0,
+    engine: Literal["auto", "lv", "mflow", "approximate_lv"] = "auto",
+    tol: float | None = None,
+    solver: diffrax.AbstractSolver = diffrax.Tsit5(),
+    max_steps: int = 100_000,
+) -> Prediction:
+    r"""Predict the loss curve of training `structure` on `(xs, ys)` from small
+    initialisation, when each mode switches on, and what it learns.
+
+    Builds the empirical task (`task_from_samples`) and the initial
+    $M_0 = W_0 W_0^\top$ with $W_0$ drawn exactly as
+    `train(structure, xs, ys, key=key, init_scale=init_scale, width=width)`
+    draws it, then (`engine="auto"`):
+
+    - where the data allow, the exact Lotka-Volterra reduction
+      (`lv_reduce`, `solve_lv` from $m_0 = \mathrm{diag}(U^\top M_0 U)$);
+    - where `lv_reduce` raises `NotReducibleError` (real data: the input
+      covariance and the input-output correlation do not share an eigenbasis),
+      the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$ (`solve_mflow`);
+
+    and says which in `engine` and `reason`, with the measured violation.
+    `engine="approximate_lv"` uses the Lotka-Volterra system in the eigenbasis of
+    `C` whatever the violation (reported in `violation`): orders of magnitude
+    cheaper, exact only when the violation is 0; measure its departure from the
+    flow with `agreement(predict(..., engine="mflow"), approximate)`.
+
+    Time counts steps of full-batch gradient descent of rate `learning_rate`
+    (the flow is its small-rate limit: see `Prediction.growth_rate`). The M-space
+    flow uses the explicit `diffrax.Tsit5()` by default: on wine (`p = 16`) it
+    matched `diffrax.Kvaerno5` to 2e-7 in the loss at a small fraction of its cost
+    (`benchmarks/predict_cost.py`); pass an implicit solver where the flow is
+    stiff.
+
+    **Arguments:**
+
+    - `structure`: the architecture.
+    - `xs`, `ys`: the data, shapes `(n, *structure.input_shape)` and `(n, k)`.
+    - `init_scale`: $\sigma > 0$ of the initial weights $W_0 = \sigma Z$.
+    - `learning_rate`: $\eta > 0$.
+    - `width`: the number of units `m` (the rank of $M_0$).
+    - `key`: the PRNG key `train` would get.
+    - `num_steps`: predict at about `num_records` log-spaced integer steps from 0
+      to `num_steps` (those of `train(..., num_records=num_records)`); or
+    - `ts`: the times instead, increasing, from 0 or later.
+    - `weight_decay`: $\lambda \ge 0$ on `W`.
+    - `engine`: `"auto"`, `"lv"` (raise `NotReducibleError` unless exact),
+      `"mflow"` or `"approximate_lv"`.
+    - `tol`: the violation `lv_reduce` accepts (its default: 1e-6 in float64,
+      1e-3 in float32).
+    - `solver`: the diffrax solver of the M-space flow.
+    - `max_steps`: the most solver steps (a solve that needs more raises).
+
+    **Returns:** a `Prediction`.
+
+    **Raises:** `ValueError` naming the argument for bad shapes or values (from
+    `task_from_samples`, `solve_mflow`, `lv_reduce` and the checks here);
+    `NotReducibleError` for `engine="lv"` on data that do not reduce.
+    """
+    if not isinstance(structure, Structure):
+        raise ValueError(f"`structure` must be an nqfjax.Structure, got {structure!r}.")
+    if engine not in _ENGINES:
+        raise ValueError(f"`engine` must be one of {_ENGINES}, got {engine!r}.")
+    width = static_int("width", width, 1)
+    for name, value in (("init_scale", init_scale), ("learning_rate", learning_rate)):
+        if not (np.ndim(value) == 0 and np.isfinite(value) and float(value) > 0):
+            raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
+    if not (np.ndim(weight_decay) == 0 and float(weight_decay) >= 0):
+        raise ValueError(f"`weight_decay` must be >= 0, got {weight_decay!r}.")
+    grid = _time_grid(num_steps, num_records, ts)
+
+    task = task_from_samples(structure, xs, ys)
+    dtype = task.dtype
+    W0 = _initial_weights(structure, key, init_scale, width, dtype)
+    M0 = W0 @ W0.T
+    ts = jnp.asarray(grid, dtype)
+    eta = float(learning_rate)
+    lv, basis, violation, used_tol = _reduce(task, eta, weight_decay, engine, tol)
+
+    if lv is None:
+        M, loss = _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps)
+        M = np.asarray(M, np.float64)
+        lam, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
+        vecs, last = vecs[:, ::-1], lam[::-1]
+        curves = lambda q: _track(M, vecs[:, :q])  # noqa: E731
+        used = "mflow"
+        why = (
+            "M-space flow: the M-space flow was asked for"
+            if engine == "mflow"
+            else f"M-space flow: lv_reduce refused the data (violation of "
+            f"commutation {violation:.3g} > tol {used_tol:.3g})"
+        )
+    else:
+        m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
+        m, loss = _solve_lv_curve(lv, m0, ts, max_steps)
+        m = np.asarray(m, np.float64)
+        order = np.argsort(-m[-1], kind="stable")
+        vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
+        curves = lambda q: m[:, order[:q]]  # noqa: E731
+        if violation == 0.0:
+            used = "lv"
+            violation = _exact_violation(task, eta, weight_decay, used_tol)
+            why = f"exact Lotka-Volterra reduction (violation {violation:.3g})"
+        else:
+            used = "approximate_lv"
+            why = (
+                "approximate Lotka-Volterra system in the eigenbasis of C "
+                f"(violation of commutation {violation:.3g})"
+            )
+
+    loss = np.asarray(loss, np.float64)
+    lam0 = float(np.max(np.linalg.eigvalsh(np.asarray(M0, np.float64))))
+    q = _learned_modes(grid, last, lam0)
+    mode_curves = curves(q)
+    times = _switch_times(grid, mode_curves)
+    c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
+    as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    return Prediction(
+        engine=used,
+        reason=why,
+        violation=as_array(violation),
+        ts=ts,
+        loss=as_array(loss),
+        mode_curves=as_array(mode_curves),
+        switch_times=as_array(times),
+        switch_levels=as_array(0.5 * last[:q]),
+        plateaus=as_array(_plateaus(grid, loss, times)),
+        modes=as_array(vecs[:, :q]),
+        mode_values=as_array(last[:q]),
+        M0=M0,
+        growth_rate=as_array(4.0 * eta * max(c_max, 0.0)),
+    )
+
+
+# --------------------------------------------------------------------------------
+# agreement with a measured run
+
+
+def _matching_eigenvectors(M, modes):
+    """For each column of `modes` (shape `(p, q)`), the eigenvector of `M` with
+    the largest overlap, assigned greedily without repeats. Shape `(p, q)`."""
+    _, U = np.linalg.eigh(0.5 * (M + M.T))
+    overlap = (np.asarray(modes, np.float64).T @ U) ** 2
+    chosen: list[int] = []
+    for row in overlap:
+        row = np.where(np.isin(np.arange(len(row)), chosen), -1.0, row)
+        chosen.append(int(np.argmax(row)))
+    return U[:, chosen]
+
+
+def agreement(
+    prediction: Prediction,
+    measured: TrainResult | Prediction,
+    *,
+    num_switches: int = 3,
+) -> Agreement:
+    r"""Compare a measured run with a `Prediction`: the first `num_switches`
+    switch-on times and the loss curve up to the last of them.
+
+    For a trained network, mode `k` is the eigenvector of the last measured `M`
+    closest to the predicted `modes[:, k]`, followed backwards in time as in
+    `Prediction`; it switches on when its eigenvalue first reaches the
+    prediction's `switch_levels[k]` (the same threshold, so that the two times
+    measure the same event: the trained network's own last value keeps moving
+    where the real layer departs from its quadratic form). For another
+    prediction, its own switch-on times, matched in time order. The loss is
+    compared in log space at the measured times, the predicted $\ln L$
+    interpolated linearly in `t`.
+
+    **Arguments:**
+
+    - `prediction`: the `Prediction`.
+    - `measured`: a `TrainResult` (with `M` snapshots: `train(..., snapshots=True)`,
+      the default) or another `Prediction` (e.g. the approximate reduction
+      against the M-space flow).
+    - `num_switches`: how many switch-ons to compare (fewer if fewer switch on).
+
+    **Returns:** an `Agreement`.
+
+    **Raises:** `ValueError` when `measured` has no snapshots of `M`, or its
+    times do not overlap the prediction's.
+    """
+    num_switches = static_int("num_switches", num_switches, 1)
+    if isinstance(measured, TrainResult):
+        if measured.M is None:
+            raise ValueError(
+                "`measured` must carry snapshots of M (train with snapshots=True "
+                "and no basis)."
+            )
+        t_m = np.asarray(measured.ts, np.float64)
+        M = np.asarray(measured.M, np.float64)
+        lam = _track(M, _matching_eigenvectors(M[-1], np.asarray(prediction.modes)))
+        loss_m = np.asarray(measured.loss, np.float64)
+    elif isinstance(measured, Prediction):
+        t_m = np.asarray(measured.ts, np.float64)
+        lam = None
+        loss_m = np.asarray(measured.loss, np.float64)
+    else:
+        raise ValueError(
+            f"`measured` must be a TrainResult or a Prediction, got {type(measured)}."
+        )
+    t_p = np.asarray(prediction.ts, np.float64)
+    times = np.asarray(prediction.switch_times, np.float64)
+    levels = np.asarray(prediction.switch_levels, np.float64)
+    order = np.argsort(np.where(np.isfinite(times), times, np.inf), kind="stable")
+    c = min(num_switches, len(times))
+    pick = np.sort(order[:c])
+    if lam is not None:
+        measured_times = np.asarray(
+            switch_times_from_curves(
+                t_m, np.maximum(lam[:, pick], 1e-300), 0.5, 2.0 * levels[pick]
+            )
+        )
+    else:  # another prediction: its own switch-on times, matched in time order
+        own = np.sort(np.asarray(measured.switch_times, np.float64))
+        measured_times = np.full(len(pick), np.nan)
+        rank = np.argsort(np.argsort(times[pick]))
+        hit = rank < len(own)
+        measured_times[hit] = own[rank[hit]]
+    horizon = float(np.nanmax(times[pick])) if c else min(t_p[-1], t_m[-1])
+    window = (t_m >= t_p[0]) & (t_m <= min(horizon, t_p[-1]))
+    if not np.any(window):
+        raise ValueError("The measured times do not overlap the prediction's.")
+    tiny = np.finfo(np.float64).tiny
+    log_pred = np.interp(
+        t_m[window], t_p, np.log(np.maximum(np.asarray(prediction.loss), tiny))
+    )
+    log_meas = np.log(np.maximum(loss_m[window], tiny))
+    dtype = prediction.loss.dtype
+    return Agreement(
+        predicted_times=jnp.asarray(times[pick], dtype),
+        measured_times=jnp.asarray(measured_times, dtype),
+        time_errors=jnp.asarray(measured_times / times[pick] - 1.0, dtype),
+        log_loss_departure=jnp.asarray(np.max(np.abs(log_meas - log_pred)), dtype),
+        horizon=jnp.asarray(horizon, dtype),
+    )
+
+
+# --------------------------------------------------------------------------------
+# `nqfjax predict`: a data file (or a bundled data set) to a figure and JSON
+
+
+def structure_for_data(
+    arch: str, xs: np.ndarray, ys: np.ndarray, arch_args: dict | None = None
+) -> Structure:
+    """The architecture `arch` (a name of the sweep configuration's table,
+    `"perceptron"`, `"quadratic"`, `"conv1d"`, `"qk_attention"`, `"ov_attention"`,
+    `"moe"`) sized for inputs `xs` (shape `(n, d)`, or `(n, T, d)` for attention)
+    and targets `ys` (shape `(n, k)`); `arch_args` sets its other constructor
+    arguments (e.g. `{"kernel_size": 5}`; default kernel size: `min(5, d)`).
+
+    **Raises:** `ValueError` for an unknown name, an unknown or size-fixing
+    argument, or data of the wrong shape for the architecture.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"`arch` must be one of {sorted(ARCHITECTURES)}, got {arch!r}."
+        )
+    cls, allowed = ARCHITECTURES[arch]
+    args = dict(arch_args or {})
+    sizes = {"d", "k", "T", "length"}
+    for name, value in args.items():
+        if name not in allowed or name in sizes:
+            free = sorted(set(allowed) - sizes)
+            raise ValueError(
+                f"`{name}` is not an argument of {arch!r} that can be set (sizes "
+                f"come from the data; allowed: {free})."
+            )
+        kind = allowed[name]
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"`{name}` of {arch!r} must be true or false.")
+        if kind is not bool and not isinstance(value, kind | int):
+            raise ValueError(f"`{name}` of {arch!r} must be a {kind.__name__}.")
+    n, k = xs.shape[0], ys.shape[1]
+    sequence = arch in ("qk_attention", "ov_attention")
+    want = 3 if sequence else 2
+    if xs.ndim != want:
+        shape = "(n, T, d)" if sequence else "(n, d)"
+        raise ValueError(
+            f"{arch!r} needs inputs of shape {shape}, got xs of shape {xs.shape}."
+        )
+    if arch in ("quadratic", "conv1d") and k != 1:
+        raise ValueError(f"{arch!r} has one output; the targets have k = {k} columns.")
+    if arch == "perceptron" or arch == "moe":
+        return cls(d=xs.shape[1], k=k, **args)
+    if arch == "quadratic":
+        return cls(d=xs.shape[1], **args)
+    if arch == "conv1d":
+        args.setdefault("kernel_size", min(5, xs.shape[1]))
+        return cls(length=xs.shape[1], **args)
+    del n
+    return cls(T=xs.shape[1], d=xs.shape[2], k=k, **args)
+
+
+def default_hyperparameters(
+    structure: Structure, xs, ys, init_scale: float, num_switches: int = 3
+) -> tuple[float, int]:
+    r"""`(learning_rate, num_steps)` for a prediction: the rate that makes the
+    fastest linear growth rate $r_1 = 4\eta\lambda_1(C) = 0.01$ per step (small,
+    so that gradient descent follows the flow to about $r/2 = 0.5\%$), and a
+    horizon of $2.5 \ln(1/\sigma^2) / r_j$ steps, with $r_j$ the growth rate of
+    the `num_switches`-th positive eigenvalue of `C` (the last mode of interest
+    then switches on about 40% of the way)."""
+    task = task_from_samples(structure, xs, ys)
+    c = np.sort(np.linalg.eigvalsh(np.asarray(task.C, np.float64)))[::-1]
+    if not c[0] > 0:
+        raise ValueError(
+            "The targets are uncorrelated with the inputs: C has no "
+            "positive eigenvalue, so no mode grows."
+        )
+    learning_rate = 0.01 / (4.0 * c[0])
+    positive = c[c > 1e-6 * c[0]]
+    r_j = 0.01 * positive[min(num_switches, len(positive)) - 1] / c[0]
+    return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
+
+
+def _prediction_figure(prediction, trained, title):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+    ax = fig.subplots()
+    ts, loss = np.asarray(prediction.ts), np.asarray(prediction.loss)
+    keep = ts > 0
+    ax.loglog(
+        ts[keep], loss[keep], "C0-", lw=2.4, label=f"predicted ({prediction.engine})"
+    )
+    if trained is not None:
+        tt, lt = np.asarray(trained.ts), np.asarray(trained.loss)
+        keep = (tt > 0) & (lt > 0)
+        ax.loglog(tt[keep], lt[keep], "k--", lw=1.4, label="trained network")
+    for i, t in enumerate(np.asarray(prediction.switch_times)):
+        if np.isfinite(t):
+            label = "predicted switch-on" if i == 0 else None
+            ax.axvline(t, color="C1", lw=0.9, ls=":", label=label)
+    ax.set_xlabel("t (gradient steps)")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def predict_file(
+    out_dir: str | os.PathLike,
+    *,
+    data: str | os.PathLike | None = None,
+    dataset: str | None = None,
+    n: int | None = None,
+    arch: str = "perceptron",
+    arch_args: dict | None = None,
+    init_scale: float = 1e-4,
+    learning_rate: float | None = None,
+    width: int = 4,
+    num_steps: int | None = None,
+    engine: str = "auto",
+    train_network: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Predict training on a data file (or a bundled data set) and write
+    `prediction.json` and `prediction.png` to `out_dir`; with `train_network`
+    also train the real network (`nqfjax.train`, full-batch GD, same key) and
+    report the agreement per switch-on.
+
+    **Arguments:**
+
+    - `out_dir`: the output directory (created if needed).
+    - `data`: a `.npz` or `.csv` file (`load_data_file`); or
+    - `dataset`: a name of `nqfjax.data.DATASETS` (`load_dataset`, standardised,
+      one-hot targets), at most `n` samples.
+    - `arch`, `arch_args`: the architecture (`structure_for_data`).
+    - `init_scale`, `learning_rate`, `width`, `num_steps`, `engine`: as
+      `predict`; `learning_rate` and `num_steps` default to
+      `default_hyperparameters`.
+    - `train_network`: also train and compare.
+    - `seed`: the PRNG seed of the initial weights.
+    - `progress`: show a progress bar.
+
+    **Returns:** the summary written to `prediction.json`, with `files`.
+
+    **Raises:** `ValueError` (one line naming the problem) for a bad file, data
+    set, architecture or hyperparameter, before any long computation.
+    """
+    from tqdm import tqdm
+
+    if (data is None) == (dataset is None):
+        raise ValueError("Give exactly one of a data file and `dataset`.")
+    if data is not None:
+        xs, ys = load_data_file(data)
+        source = str(data)
+    else:
+        xs, ys = load_dataset(dataset, n=n)
+        source = f"dataset:{dataset}"
+    structure = structure_for_data(arch, xs, ys, arch_args)
+    width = static_int("width", width, 1)
+    if not (np.isfinite(init_scale) and init_scale > 0):
+        raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
+    lr0, steps0 = default_hyperparameters(structure, xs, ys, init_scale)
+    learning_rate = lr0 if learning_rate is None else learning_rate
+    num_steps = steps0 if num_steps is None else num_steps
+    key = jr.key(seed)
+    bar = tqdm(total=2 + train_network, desc="nqfjax predict", disable=not progress)
+    P = predict(
+        structure,
+        xs,
+        ys,
+        init_scale=init_scale,
+        learning_rate=learning_rate,
+        width=width,
+        key=key,
+        num_steps=num_steps,
+        engine=engine,
+    )
+    bar.update()
+    summary: dict[str, Any] = {
+        "source": source,
+        "samples": int(xs.shape[0]),
+        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
+        "hyperparameters": {
+            "init_scale": init_scale,
+            "learning_rate": learning_rate,
+            "width": width,
+            "num_steps": int(num_steps),
+            "seed": seed,
+        },
+        "engine": P.engine,
+        "reason": P.reason,
+        "violation": P.violation,
+        "growth_rate": P.growth_rate,
+        "switch_times": P.switch_times,
+        "plateaus": P.plateaus,
+        "mode_values": P.mode_values,
+        "curve": {"t": P.ts, "loss": P.loss},
+    }
+    trained = None
+    if train_network:
+        trained = train(
+            structure,
+            xs,
+            ys,
+            num_steps=int(num_steps),
+            learning_rate=learning_rate,
+            key=key,
+            init_scale=init_scale,
+            width=width,
+            record_at=[int(s) for s in np.asarray(P.ts)],
+        )
+        bar.update()
+        a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
+        summary["trained"] = {"t": trained.ts, "loss": trained.loss}
+        summary["agreement"] = {
+            "switch_on": [
+                {"predicted": p, "measured": m, "relative_error": e}
+                for p, m, e in zip(
+                    np.asarray(a.predicted_times).tolist(),
+                    np.asarray(a.measured_times).tolist(),
+                    np.asarray(a.time_errors).tolist(),
+                )
+            ],
+            "log_loss_departure": a.log_loss_departure,
+            "up_to": a.horizon,
+        }
+    title = f"{arch} on {Path(source).name if data is not None else dataset}"
+    fig = _prediction_figure(P, trained, title)
+    files = {"summary": "prediction.json", "figure": "prediction.png"}
+    summary = jsonable({**summary, "versions": versions(), "files": files})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_figure(out / files["figure"], fig)
+    write_json(out / files["summary"], summary)
+    bar.update()
+    bar.close()
+    summary["files"] = {k: out / v for k, v in files.items()}
+    return summary

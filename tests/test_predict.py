@@ -1,0 +1,251 @@
+"""`predict` against real training on real data, against the other engines and
+the closed form; `nqfjax predict` on good and bad files.
+
+Sizes are small (iris, p = 7; MNIST-1D through a strided Conv1D, p = 13; a
+softmax query-key head on 4 tokens, p = 8) so that the whole file compiles each
+engine once per shape. Learning rates make the fastest growth rate
+`r = 4 eta lambda_1(C) = 0.02` per step: gradient descent then lags the flow by
+about `r/2 = 1%` (a mode grows by `1 + r` per step, not `e^r`).
+"""
+
+import json
+
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import nqfjax
+from nqfjax.cli import main
+
+
+pytest.importorskip("sklearn")
+pytest.importorskip("mnist1d")
+
+SIGMA = 1e-4
+RATE = 0.02  # the fastest linear growth rate per step
+
+
+def _eta(structure, xs, ys):
+    task = nqfjax.task_from_samples(structure, xs, ys)
+    return RATE / (4 * float(np.max(np.linalg.eigvalsh(np.asarray(task.C)))))
+
+
+def _run(structure, xs, ys, *, width, num_steps, model="layer", **kwargs):
+    """The prediction and the trained network at the prediction's steps."""
+    key = jr.key(0)
+    eta = _eta(structure, xs, ys)
+    pred = nqfjax.predict(
+        structure,
+        xs,
+        ys,
+        init_scale=SIGMA,
+        learning_rate=eta,
+        width=width,
+        key=key,
+        num_steps=num_steps,
+        **kwargs,
+    )
+    trained = nqfjax.train(
+        structure,
+        xs,
+        ys,
+        num_steps=num_steps,
+        learning_rate=eta,
+        key=key,
+        init_scale=SIGMA,
+        width=width,
+        record_at=[int(t) for t in np.asarray(pred.ts)],
+        model=model,
+    )
+    return pred, trained, eta
+
+
+@pytest.fixture(scope="module")
+def iris():
+    return nqfjax.load_dataset("iris", dtype=np.float64)
+
+
+@pytest.fixture(scope="module")
+def iris_run(iris):
+    xs, ys = iris
+    structure = nqfjax.Perceptron(d=4, k=3)
+    return _run(structure, xs, ys, width=64, num_steps=5000)
+
+
+def test_real_data_do_not_reduce_and_the_flow_says_why(iris_run):
+    pred, trained, _ = iris_run
+    assert pred.engine == "mflow"
+    # iris's input covariance and its correlation with the one-hot targets do
+    # not share an eigenbasis: lv_reduce measures a violation of about 0.1
+    assert 0.05 < float(pred.violation) < 0.2
+    assert f"{float(pred.violation):.3g}" in pred.reason
+    # the initial M is the one train starts from with the same key, exactly
+    np.testing.assert_allclose(trained.M[0], pred.M0, rtol=1e-13, atol=0)
+    # centred one-hot targets of 3 classes: 2 modes switch on
+    assert pred.switch_times.shape == pred.mode_values.shape == (2,)
+    assert np.all(np.diff(np.asarray(pred.switch_times)) > 0)
+    assert pred.plateaus.shape == (3,)
+    assert np.all(np.diff(np.asarray(pred.plateaus)) < 0)
+    # the modes are eigenvectors of the last M
+    M = pred.modes @ jnp.diag(pred.mode_values) @ pred.modes.T
+    np.testing.assert_allclose(pred.modes.T @ pred.modes, np.eye(2), atol=1e-10)
+    assert float(jnp.linalg.norm(M)) > 0.9 * float(jnp.linalg.norm(pred.mode_values))
+
+
+def test_flow_against_real_training_of_the_tanh_perceptron(iris_run):
+    pred, trained, _ = iris_run
+    agree = nqfjax.agreement(pred, trained)
+    # measured on iris at width 64: switch-ons 0.3% and 1.6% late, the curve
+    # within 0.014 in log loss up to the second (at width 8: 0.9%, -4.2%, 0.05:
+    # the cubic term of tanh is shared by the units and shrinks like 1/width)
+    np.testing.assert_array_less(np.abs(np.asarray(agree.time_errors)), 0.05)
+    assert float(agree.log_loss_departure) < 0.05
+
+
+def test_flow_against_gradient_descent_on_the_quadratic_model(iris):
+    xs, ys = iris
+    structure = nqfjax.Perceptron(d=4, k=3)
+    pred, trained, _ = _run(
+        structure, xs, ys, width=64, num_steps=5000, model="quadratic"
+    )
+    agree = nqfjax.agreement(pred, trained)
+    # no cubic term: only the discretisation, a lag of about r/2 = 1%
+    errors = np.asarray(agree.time_errors)
+    assert np.all((errors > 0) & (errors < 0.015))
+    assert float(agree.log_loss_departure) < 0.02
+
+
+def test_exact_reduction_on_whitened_data_matches_the_flow_and_closed_form():
+    xs, ys = nqfjax.load_dataset("iris", whiten=True, dtype=np.float64)
+    structure = nqfjax.Perceptron(d=4, k=3)
+    eta = _eta(structure, xs, ys)
+    common = dict(init_scale=SIGMA, learning_rate=eta, width=64, key=jr.key(0))
+    ts = np.concatenate([[0.0], np.linspace(100.0, 3000.0, 300)])
+    lv_pred = nqfjax.predict(structure, xs, ys, ts=ts, **common)
+    assert lv_pred.engine == "lv"
+    assert float(lv_pred.violation) < 1e-10  # whitened: commutes to roundoff
+    flow = nqfjax.predict(structure, xs, ys, ts=ts, engine="mflow", **common)
+    # the same dynamics: LV starts from diag(U^T M0 U), which drives each mode's
+    # exponential phase exactly; the off-diagonal part of M0 in that basis
+    # (relative size ~1/sqrt(width)), which LV drops, moved the loss by at most
+    # 3.7e-4 (relative, mid-drop) in the measurement
+    np.testing.assert_allclose(lv_pred.loss, flow.loss, rtol=1e-3)
+    np.testing.assert_allclose(lv_pred.switch_times, flow.switch_times, rtol=1e-3)
+    # whitened perceptron: independent logistic modes, half-way at
+    # ln(m*/m0 - 1) / r (switch_on_times); records every ~20 steps and
+    # log-linear interpolation of the records (every ~10 steps, 0.7% of the
+    # first switch-on) put the measured half-way within a fraction of that
+    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys), eta)
+    m0 = jnp.einsum("ik,ij,jk->k", basis, lv_pred.M0, basis)
+    closed = np.sort(np.asarray(nqfjax.switch_on_times(lv, m0)))[:2]
+    np.testing.assert_allclose(lv_pred.switch_times, closed, rtol=5e-3)
+
+
+def test_approximate_reduction_reports_its_residual_and_departure(iris, iris_run):
+    xs, ys = iris
+    pred = iris_run[0]
+    structure = nqfjax.Perceptron(d=4, k=3)
+    approx = nqfjax.predict(
+        structure,
+        xs,
+        ys,
+        init_scale=SIGMA,
+        learning_rate=_eta(structure, xs, ys),
+        width=64,
+        key=jr.key(0),
+        ts=pred.ts,
+        engine="approximate_lv",
+    )
+    assert approx.engine == "approximate_lv"
+    np.testing.assert_allclose(approx.violation, pred.violation, rtol=1e-6)
+    departure = nqfjax.agreement(pred, approx)
+    # measured on iris (violation 0.10): the C-eigenbasis system switches on
+    # about 8% earlier than the flow, its loss within 0.03 in log of the flow's
+    errors = np.asarray(departure.time_errors)
+    assert np.all(np.isfinite(errors)) and np.all(np.abs(errors) < 0.12)
+    assert float(departure.log_loss_departure) < 0.05
+
+
+def test_errors_name_the_argument(iris, iris_run):
+    xs, ys = iris
+    structure = nqfjax.Perceptron(d=4, k=3)
+    common = dict(init_scale=SIGMA, learning_rate=0.01, width=4, key=jr.key(0))
+    with pytest.raises(ValueError, match="`engine` must be one of"):
+        nqfjax.predict(structure, xs, ys, num_steps=10, engine="lbfgs", **common)
+    with pytest.raises(ValueError, match="exactly one of `num_steps` and `ts`"):
+        nqfjax.predict(structure, xs, ys, **common)
+    with pytest.raises(ValueError, match="`init_scale` must be a finite number > 0"):
+        nqfjax.predict(structure, xs, ys, num_steps=10, **{**common, "init_scale": 0})
+    with pytest.raises(ValueError, match="`ts` must hold at least 2 increasing"):
+        nqfjax.predict(structure, xs, ys, ts=[0.0, 5.0, 3.0], **common)
+    with pytest.raises(nqfjax.NotReducibleError):
+        nqfjax.predict(structure, xs, ys, num_steps=10, engine="lv", **common)
+    trained = nqfjax.train(structure, xs, ys, num_steps=2, snapshots=False, **common)
+    with pytest.raises(ValueError, match="must carry snapshots of M"):
+        nqfjax.agreement(iris_run[0], trained)
+
+
+# --------------------------------------------------------------------------------
+# nqfjax predict
+
+
+def _write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "arrays,message",
+    [
+        ({"x": np.ones((5, 2)), "ys": np.ones(5)}, "missing array 'xs'"),
+        (
+            {"xs": np.array([[1.0, 2.0]] * 4 + [[np.nan, 0.0]]), "ys": np.ones(5)},
+            "`xs` contains NaN or inf (first at row 4)",
+        ),
+        ({"xs": np.ones((5, 2)), "ys": np.ones(4)}, "`xs` has 5 rows but `ys` has 4"),
+    ],
+    ids=["wrong-key", "nan", "mismatched-rows"],
+)
+def test_cli_bad_npz_fails_with_one_line(tmp_path, capsys, arrays, message):
+    path = _write_npz(tmp_path / "data.npz", **arrays)
+    status = main(["predict", path, "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("nqfjax: error: ")
+    assert path in err and message in err
+    assert not (tmp_path / "out").exists()  # failed before any work
+
+
+def test_cli_bad_csv_and_arguments(tmp_path, capsys):
+    csv = tmp_path / "data.csv"
+    csv.write_text("x1,x2,y\n1,2,3\n4,5\n")
+    assert main(["predict", str(csv), "--quiet"]) == 2
+    assert "line 3 has 2 columns" in capsys.readouterr().err
+    csv.write_text("a,b\n1,2\n")
+    assert main(["predict", str(csv), "--quiet"]) == 2
+    assert "target columns" in capsys.readouterr().err
+    assert main(["predict", "--quiet"]) == 2
+    assert "--dataset NAME" in capsys.readouterr().err
+    path = _write_npz(tmp_path / "seq.npz", xs=np.ones((5, 3)), ys=np.ones(5))
+    assert main(["predict", path, "--arch", "qk_attention", "--quiet"]) == 2
+    assert "needs inputs of shape (n, T, d)" in capsys.readouterr().err
+
+
+def test_cli_end_to_end_float32_against_training(tmp_path, capsys, iris):
+    xs, ys = iris
+    path = _write_npz(tmp_path / "iris.npz", xs=xs.astype(np.float32), ys=ys)
+    eta = _eta(nqfjax.Perceptron(d=4, k=3), xs, ys)
+    out = tmp_path / "out"
+    argv = ["predict", path, "--width", "64", "--lr", str(eta), "--steps", "5000"]
+    assert main([*argv, "--train", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "lv_reduce refused the data" in printed
+    summary = json.loads((out / "prediction.json").read_text())
+    assert (out / "prediction.png").stat().st_size > 10_000
+    assert summary["engine"] == "mflow" and len(summary["switch_times"]) == 2
+    # the float32 path users get: the same agreement with the trained network
+    # as in float64 (its own initial draw), both switch-ons within 5%
+    errors = [row["relative_error"] for row in summary["agreement"]["switch_on"]]
+    np.testing.assert_array_less(np.abs(errors), 0.05)
+    assert summary["agreement"]["log_loss_departure"] < 0.05
