@@ -27,9 +27,9 @@ from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, log_spaced_steps, train
 from ..io import jsonable, versions, write_figure, write_json
 from ..structures.base import Structure
+from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
 from .methods import switch_times_from_curves
-from .sweep_config import ARCHITECTURES
 
 
 _ENGINES = ("auto", "lv", "mflow", "approximate_lv")
@@ -514,11 +514,10 @@ def structure_for_data(
     **Raises:** `ValueError` for an unknown name, an unknown or size-fixing
     argument, or data of the wrong shape for the architecture.
     """
-    if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"`arch` must be one of {sorted(ARCHITECTURES)}, got {arch!r}."
-        )
-    cls, allowed = ARCHITECTURES[arch]
+    try:
+        cls, allowed = structure_class(arch), structure_arguments(arch)
+    except ValueError as e:
+        raise ValueError(str(e).replace("`name`", "`arch`", 1)) from None
     args = dict(arch_args or {})
     sizes = {"d", "k", "T", "length"}
     for name, value in args.items():
