@@ -246,10 +246,10 @@ def _fit(args) -> None:
     )
     print(f"nqfjax fit: {summary['n_points']} points from {args.curve}")
     pl = summary["plateaus"]
-    print("  plateaus:  " + pl.get("error", str(pl.get("count"))))
+    print("  plateaus:  " + (pl.get("error") or pl.get("reason") or str(pl["count"])))
     law = summary["power_law"]
-    if "error" in law:
-        print(f"  power law: {law['error']}")
+    if "error" in law or "reason" in law:  # failed, or nothing to fit
+        print(f"  power law: {law.get('error') or law['reason']}")
     else:
         lo, hi = law["window"]
         print(
@@ -257,8 +257,8 @@ def _fit(args) -> None:
             f"on t in [{lo:.3g}, {hi:.3g}]"
         )
     spec = summary.get("spectrum")
-    if spec is not None and "error" in spec:
-        print(f"  spectrum:  {spec['error']}")
+    if spec is not None and ("error" in spec or "reason" in spec):
+        print(f"  spectrum:  {spec.get('error') or spec['reason']}")
     elif spec is not None:
         print(
             f"  spectrum:  alpha = {_fmt(spec['alpha'])}, beta = {_fmt(spec['beta'])};"

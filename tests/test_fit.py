@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import pytest
 import scipy.linalg
 
 import nqfjax
+import nqfjax.cli
 from nqfjax.analysis.spectrum import _spectrum_log_loss
 
 
@@ -299,3 +301,80 @@ def test_fit_spectrum_errors():
         nqfjax.fit_spectrum(ts, 1 / ts, p=4, n_modes=3)
     with pytest.raises(ValueError, match="n_modes"):
         nqfjax.fit_spectrum(ts, 1 / ts, p=4, n_modes=10.5)
+
+
+# --------------------------------------------------------------------------------
+# nothing to fit: an all-zero, a flat and a rising curve
+
+
+DEGENERATE = {
+    "zero": (np.zeros_like(TS), "0 everywhere"),
+    "constant": (np.full_like(TS, 0.3), "flat"),
+    "noisy constant": (
+        0.3 * np.exp(0.05 * np.random.default_rng(3).standard_normal(TS.size)),
+        "flat",
+    ),
+    "rising": (0.1 + 0.01 * TS**0.3, "rises"),
+}
+
+
+@pytest.mark.parametrize("name", DEGENERATE)
+def test_nothing_to_fit(name):
+    loss, why = DEGENERATE[name]
+    fit = nqfjax.fit_power_law(TS, loss)
+    # no exponent and no error bar (they were gamma = 6e-13 +- 4e-39 on the
+    # constant curve, and an IndexError on the zero one)
+    assert not fit.found and why in fit.reason, fit.reason
+    assert np.isnan(fit.gamma) and np.isnan(fit.gamma_err) and fit.n_points == 0
+    spec = nqfjax.fit_spectrum(TS, loss, p=4, method="logistic")
+    assert not spec.found and why in spec.reason
+    assert np.isnan(spec.alpha) and np.isnan(spec.alpha_err)
+
+
+def test_no_power_law_inside_a_flat_window():
+    # the curve falls (a drop at t ~ 30), but the window asked for is its flat
+    # end: the exponent fitted there is not distinguishable from 0
+    loss = 0.1 + 1 / (1 + (TS / 30) ** 4)
+    fit = nqfjax.fit_power_law(TS, loss, window=(1e3, 1e5))
+    assert not fit.found and "no power law" in fit.reason, fit.reason
+
+
+def test_plateaus_of_an_all_zero_curve():
+    found = nqfjax.detect_plateaus(TS, np.zeros_like(TS))
+    assert len(found) == 0 and "0 everywhere" in found.reason
+    # with a floor given, zero is the floor: one plateau there
+    found = nqfjax.detect_plateaus(TS, np.zeros_like(TS), floor=1e-3)
+    assert len(found) == 1 and float(found.level[0]) == pytest.approx(1e-3)
+
+
+def _write_csv(path, ts, loss):
+    rows = "".join(f"{t!r},{v!r}\n" for t, v in zip(ts.tolist(), loss.tolist()))
+    path.write_text("step,loss\n" + rows)
+
+
+def test_cli_fit_says_nothing_to_fit(tmp_path, capsys):
+    csv = tmp_path / "zero.csv"
+    _write_csv(csv, np.arange(50.0), np.zeros(50))
+    out = tmp_path / "out"
+    assert nqfjax.cli.main(["fit", str(csv), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "power law: nothing to fit: the loss is 0 everywhere" in printed, printed
+    assert "spectrum:  nothing to fit" in printed and "plateaus:  no plateau" in printed
+    summary = json.loads((out / "fit.json").read_text())
+    assert summary["power_law"]["found"] is False
+    assert summary["spectrum"]["found"] is False
+    assert summary["plateaus"]["count"] == 0
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "2.5", "nan"])
+def test_cli_fit_rejects_bad_total_modes(tmp_path, capsys, value):
+    csv = tmp_path / "c.csv"
+    _write_csv(csv, TS[:50], 1 / TS[:50])
+    out = tmp_path / "out"
+    argv = ["fit", str(csv), "--out", str(out), "--modes", "4", "--total-modes", value]
+    assert nqfjax.cli.main(argv) == 2  # was: silently treated as --modes (200)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--total-modes" in err[0] and value in err[0], err
+    assert not out.exists()  # rejected before any work
+    with pytest.raises(ValueError, match="total_modes"):
+        nqfjax.analyse_curve(TS, 1 / TS, modes=4, total_modes=float(value))

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import optimistix as optx
 from jaxtyping import Array
 
 from .._checks import check_ndim, check_shape, finite, increasing
@@ -28,6 +29,60 @@ def _host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
     return t, y
 
 
+def _log_noise(ly: np.ndarray) -> float:
+    r"""The scatter of `log L` about a smooth curve: $1.4826\,\mathrm{MAD}$ of the
+    second differences over $\sqrt 6$ (white noise of standard deviation
+    $\sigma$ has second differences of variance $6\sigma^2$; the median ignores
+    the few large ones at sharp drops)."""
+    if ly.size < 3:
+        return 0.0
+    d2 = ly[2:] - 2 * ly[1:-1] + ly[:-2]
+    return float(1.4826 * np.median(np.abs(d2 - np.median(d2))) / np.sqrt(6))
+
+
+def _block_levels(t: np.ndarray, ly: np.ndarray, n_blocks: int = 10):
+    """Medians of `ly` over blocks of consecutive points, the blocks equally
+    spaced in `log t` and merged until each holds at least 3 points (linear
+    logging leaves the first decades sparse); and the number of points in each."""
+    tpos = np.where(t > 0, t, np.min(t[t > 0]) if np.any(t > 0) else 1.0)
+    edges = np.linspace(np.log(tpos[0]), np.log(tpos[-1]), n_blocks + 1)[1:-1]
+    block = np.searchsorted(edges, np.log(tpos), side="right")
+    levels, counts, start = [], [], 0
+    for b in range(n_blocks):
+        end = int(np.searchsorted(block, b, side="right"))
+        if end - start >= 3 or (b == n_blocks - 1 and end > start):
+            levels.append(np.median(ly[start:end]))
+            counts.append(end - start)
+            start = end
+    return np.array(levels), np.array(counts)
+
+
+def _nothing_to_fit(t: np.ndarray, y: np.ndarray) -> str:
+    """Why a curve has nothing to fit, or "" if it has something: fewer than 6
+    positive values (an all-zero loss), or a loss that does not fall: the median
+    of `log L` over its first block (of `_block_levels`) is not above the lowest
+    block median by more than `max(0.05, 4 se)` (`se`: the standard error of
+    the difference of two medians under the curve's noise)."""
+    pos = y > 0
+    if pos.sum() < 6:
+        what = "0 everywhere" if not pos.any() else f"positive at {pos.sum()} points"
+        return f"nothing to fit: the loss is {what} (a log-scale fit needs 6)"
+    ly = np.log(y[pos])
+    levels, counts = _block_levels(t[pos], ly)
+    noise = _log_noise(ly)
+    se = 1.2533 * noise * np.sqrt(1 / counts[0] + 1 / counts)
+    threshold = np.maximum(0.05, 4 * se)
+    if np.any(levels[0] - levels > threshold):
+        return ""
+    if np.any(levels - levels[0] > threshold):
+        return "nothing to fit: the loss rises, it never falls"
+    return (
+        f"nothing to fit: the loss is flat (changes by less than "
+        f"{max(float(np.max(threshold)), 0.05):.2g} in log L, its noise "
+        f"{noise:.2g})"
+    )
+
+
 def _huber(x, delta):
     ax = jnp.abs(x)
     return jnp.where(ax <= delta, 0.5 * x**2, delta * (ax - 0.5 * delta))
@@ -49,74 +104,106 @@ class _Best(eqx.Module):
     J: Array
 
 
+def _robust_residual(res, delta):
+    r"""Residuals whose half sum of squares is the Huber loss:
+    $\rho = r$ for $|r| \le \delta$, else
+    $\operatorname{sign}(r) \sqrt{\delta (2|r| - \delta)}$, so that
+    $\rho^2 / 2 = \operatorname{huber}(r)$ and $\rho\,\rho' = \psi(r)$ (the
+    Huber influence): Gauss-Newton on $\rho$ has the robust objective's gradient
+    (robustified least squares, as in Triggs et al., "Bundle adjustment -- a
+    modern synthesis", 2000)."""
+    a = jnp.abs(res)
+    far = jnp.sign(res) * jnp.sqrt(delta * (2 * jnp.maximum(a, delta) - delta))
+    return jnp.where(a <= delta, res, far)
+
+
+def _adam(evaluate, theta, steps, lr):
+    """`steps` of Adam (optax, cosine decay) on `evaluate(theta) -> (value,
+    grad, aux)`; the best point seen and its `aux`. A step from a point whose
+    value is not finite (a failed solve) restarts from the best point. One
+    scan of `steps + 1` evaluations (the last only scores), so the model
+    appears once in the compiled program."""
+    opt = optax.adam(optax.cosine_decay_schedule(lr, max(steps, 1), alpha=1e-2))
+
+    def step(carry, _):
+        cand, best, best_value, best_aux, state = carry
+        value, grad, aux = evaluate(cand)
+        improved = value < best_value
+        best, best_value, best_aux = jax.tree.map(
+            lambda new, old: jnp.where(improved, new, old),
+            (cand, value, aux),
+            (best, best_value, best_aux),
+        )
+        ok = jnp.isfinite(value)
+        updates, new_state = opt.update(jnp.where(ok, grad, 0.0), state, cand)
+        nxt = jnp.where(ok, optax.apply_updates(cand, updates), best)
+        return (nxt, best, best_value, best_aux, new_state), None
+
+    inf = jnp.asarray(jnp.inf, theta.dtype)
+    aux0 = jax.tree.map(jnp.zeros_like, jax.eval_shape(evaluate, theta)[2])
+    carry = (theta, theta, inf, aux0, opt.init(theta))
+    (_, best, _, best_aux, _), _ = jax.lax.scan(step, carry, None, length=steps + 1)
+    return best, best_aux
+
+
+def _levenberg_marquardt(residual_fn, weights, delta, theta, J, steps):
+    """At most `steps` of `optimistix.LevenbergMarquardt` (in
+    `optimistix.BestSoFarLeastSquares`) on the robustified residuals, from
+    `theta` where the Jacobian of `residual_fn` is `J`.
+
+    In coordinates scaled by the curvature at the start, `z = D (theta -
+    theta_0)` with `D = sqrt(diag J^T W J)`: optimistix damps with `lambda I`,
+    and the scaling makes that Marquardt's `lambda diag(J^T W J)`, so that a
+    nearly flat direction (e.g. `L_inf -> 0`) is not frozen by a damping set by
+    the steep ones."""
+    wsum = jnp.sum(weights)
+    sqrt_w = jnp.sqrt(weights / wsum)
+    d = jnp.sqrt(jnp.sum(weights[:, None] * J**2, axis=0) / wsum)
+    d = jnp.where(jnp.isfinite(d) & (d > 0), d, 1.0)
+    d = jnp.maximum(d, 1e-6 * jnp.max(d))
+
+    def scaled(z, theta0):
+        return sqrt_w * _robust_residual(residual_fn(theta0 + z / d), delta)
+
+    solver = optx.BestSoFarLeastSquares(optx.LevenbergMarquardt(rtol=1e-10, atol=1e-10))
+    z = optx.least_squares(
+        scaled, solver, jnp.zeros_like(theta), theta, max_steps=steps, throw=False
+    ).value
+    return theta + z / d
+
+
 def _least_squares(residual_fn, weights, delta, theta, adam_steps, lm_steps, lr):
     r"""Minimise the weighted mean Huber loss of `residual_fn(theta)`:
-    `adam_steps` of Adam (optax, cosine decay) to find the basin, then `lm_steps`
-    of Levenberg-Marquardt (iteratively reweighted Gauss-Newton) to converge it
-    (first-order steps crawl along flat valleys, e.g. `L_inf -> 0`).
+    `adam_steps` of Adam (optax, cosine decay) to find the basin, then at most
+    `lm_steps` of Levenberg-Marquardt (`optimistix.LevenbergMarquardt` inside
+    `optimistix.BestSoFarLeastSquares`, on the robustified residuals of
+    `_robust_residual`) to converge it (first-order steps crawl along flat
+    valleys, e.g. `L_inf -> 0`). Derivatives are forward mode (a few parameters
+    against many residuals). A candidate with non-finite residuals (a failed
+    solve) is never accepted: Adam restarts from its best point, and
+    Levenberg-Marquardt's trust region rejects it.
 
-    One scan; every iteration evaluates the residuals and their Jacobian once, in
-    forward mode (`jax.jvp`, one tangent per parameter), at the current candidate:
-    Adam's gradient is $J^\top w \psi(\rho)$ ($\psi$ the Huber influence), and
-    Levenberg-Marquardt decides to accept or reject the candidate at the next
-    evaluation, so a diffrax solve appears once in the compiled program. A
-    candidate with non-finite residuals (a failed solve) is never accepted.
-
-    Returns the best point seen, with its objective, residuals and Jacobian."""
+    Returns the best point, with its objective (`inf` where the residuals are
+    not finite), residuals and Jacobian."""
     wsum = jnp.sum(weights)
 
     def evaluate(th):
         res, J = _value_and_jacfwd(residual_fn, th)
         value = jnp.sum(weights * _huber(res, delta)) / wsum
-        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
-        return res, J, jnp.where(ok, value, jnp.inf)
-
-    schedule = optax.cosine_decay_schedule(lr, max(adam_steps, 1), alpha=1e-2)
-    opt = optax.adam(schedule)
-
-    def lm_candidate(best, mu):
-        influence = weights * jnp.clip(best.res, -delta, delta)  # w * psi(res)
-        irls = weights * jnp.where(
-            jnp.abs(best.res) <= delta, 1.0, delta / jnp.abs(best.res)
-        )
-        H = best.J.T @ (irls[:, None] * best.J)
-        g = best.J.T @ influence
-        scale = jnp.diag(H) + 1e-12 * jnp.trace(H) + jnp.finfo(H.dtype).tiny
-        return best.theta - jnp.linalg.solve(H + mu * jnp.diag(scale), g)
-
-    def step(carry, i):
-        cand, best, mu, state = carry
-        res, J, value = evaluate(cand)
-        improved = value < best.value
-        best = jax.tree.map(
-            lambda new, old: jnp.where(improved, new, old),
-            _Best(cand, value, res, J),
-            best,
-        )
-        # Adam phase: a step from the candidate (from the best point if the
-        # candidate failed).
         grad = J.T @ (weights * jnp.clip(res, -delta, delta)) / wsum
-        finite = jnp.isfinite(value)
-        updates, new_state = opt.update(jnp.where(finite, grad, 0.0), state, cand)
-        adam_next = jnp.where(finite, optax.apply_updates(cand, updates), best.theta)
-        # Levenberg-Marquardt phase: damping down after an accepted candidate, up
-        # after a rejected one; the next candidate always starts from the best.
-        in_lm = i >= adam_steps
-        mu = jnp.where(
-            in_lm & (i > adam_steps), jnp.where(improved, mu / 3, mu * 4), mu
-        )
-        lm_next = lm_candidate(best, mu)
-        nxt = jnp.where(in_lm, lm_next, adam_next)
-        state = jax.tree.map(lambda a, b: jnp.where(in_lm, b, a), new_state, state)
-        return (nxt, best, mu, state), None
+        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
+        return jnp.where(ok, value, jnp.inf), grad, (res, J)
 
-    res0 = residual_fn(theta)
-    inf = jnp.asarray(jnp.inf, theta.dtype)
-    best = _Best(theta, inf, jnp.zeros_like(res0), jnp.zeros(res0.shape + theta.shape))
-    carry = (theta, best, jnp.asarray(1e-3, theta.dtype), opt.init(theta))
-    total = adam_steps + lm_steps + 1  # the last evaluation only scores
-    (_, best, _, _), _ = jax.lax.scan(step, carry, jnp.arange(total))
-    return best
+    if adam_steps > 0:
+        theta, (res, J) = _adam(evaluate, theta, adam_steps, lr)
+    else:
+        res, J = _value_and_jacfwd(residual_fn, theta)
+    if lm_steps > 0:
+        theta = _levenberg_marquardt(residual_fn, weights, delta, theta, J, lm_steps)
+        res, J = _value_and_jacfwd(residual_fn, theta)
+    value = jnp.sum(weights * _huber(res, delta)) / wsum
+    ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(J))
+    return _Best(theta, jnp.where(ok, value, jnp.inf), res, J)
 
 
 def _laplace_cov(best: _Best, weights):

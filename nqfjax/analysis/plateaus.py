@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing, loglog_slope
+from ._least_squares import _log_noise
 
 
 # ---------------------------------------------------------------------------
@@ -19,11 +22,16 @@ class Plateaus(eqx.Module):
     """The plateaus of a measured loss curve (`detect_plateaus`), in time order.
 
     - `start`, `end`: where each plateau begins and ends (in `t`), shape `(P,)`.
-    - `level`: the median loss on each plateau, shape `(P,)`.
+    - `level`: the median loss on each plateau, shape `(P,)`, and its standard
+      error `level_err`.
     - `drop`: `level[i] - level[i + 1]`, the size of the drop after plateau `i`,
-      shape `(P - 1,)` (negative would mean a rise).
+      shape `(P - 1,)` (negative would mean a rise), and its standard error
+      `drop_err`.
     - `drop_times`: when the smoothed loss crosses the middle of each drop,
-      `(level[i] + level[i + 1]) / 2`, shape `(P - 1,)`.
+      `(level[i] + level[i + 1]) / 2`, shape `(P - 1,)`, and its standard error
+      `drop_times_err` (the noise of the smoothed level over the steepness of
+      the drop, and the grid's resolution).
+    - `reason`: why there is no plateau (`""` when there is one).
     """
 
     start: Float[Array, " P"]
@@ -31,6 +39,10 @@ class Plateaus(eqx.Module):
     level: Float[Array, " P"]
     drop: Float[Array, " P-1"]
     drop_times: Float[Array, " P-1"]
+    level_err: Float[Array, " P"]
+    drop_err: Float[Array, " P-1"]
+    drop_times_err: Float[Array, " P-1"]
+    reason: str = eqx.field(static=True, default="")
 
     def __len__(self) -> int:
         return int(self.level.shape[0])
@@ -47,17 +59,6 @@ def _gaussian_smooth(y: np.ndarray, sigma_pts: float) -> np.ndarray:
     left = 2 * y[0] - y[half:0:-1]
     right = 2 * y[-1] - y[-2 : -half - 2 : -1]
     return np.convolve(np.concatenate([left, y, right]), kernel, mode="valid")
-
-
-def _interp_linear_ends(x, xp, fp):
-    """`np.interp`, but extrapolating linearly beyond the ends of `xp`."""
-    if xp.size == 1:
-        return np.full_like(x, fp[0])
-    out = np.interp(x, xp, fp)
-    before, after = x < xp[0], x > xp[-1]
-    out[before] = fp[0] + (x[before] - xp[0]) * (fp[1] - fp[0]) / (xp[1] - xp[0])
-    out[after] = fp[-1] + (x[after] - xp[-1]) * (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
-    return out
 
 
 def _robust_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -88,7 +89,7 @@ def detect_plateaus(
     smooth: float = 0.02,
     floor: float | None = None,
     n_grid: int = 1024,
-    min_samples: int = 9,
+    min_samples: int | None = None,
 ) -> Plateaus:
     r"""Find the plateaus and drops of a measured loss curve.
 
@@ -137,14 +138,84 @@ def detect_plateaus(
     - `floor`: losses below it are raised to it, so that a curve falling to 0
       ends on a plateau at `floor` (default `1e-6 max(loss)`); must be `> 0`.
     - `n_grid`: points of the log-time grid (default 1024).
-    - `min_samples`: fewest samples behind each local median (default 9).
+    - `min_samples`: fewest samples behind each local median (default: from
+      the noise, `(sigma / 0.04)^2` clipped to `[3, 9]`, `sigma` the scatter of
+      `ln L` between neighbouring samples: a clean curve sampled sparsely at
+      early times keeps its first plateaus resolved).
 
-    **Returns:** a `Plateaus`.
+    **Returns:** a `Plateaus` (empty, with its `reason`, where there is none;
+    an all-zero loss without a `floor` has none).
 
     **Raises:** `ValueError` for malformed input (shapes, non-positive or
-    non-increasing times, non-finite losses, a non-positive maximum or `floor`,
-    bad options).
+    non-increasing times, non-finite losses, a negative maximum, a `floor`
+    `<= 0`, bad options).
     """
+    ts, loss, floor = _check_plateau_args(
+        ts,
+        loss,
+        drop_slope=drop_slope,
+        slope_tol=slope_tol,
+        min_length=min_length,
+        min_drop=min_drop,
+        smooth=smooth,
+        floor=floor,
+        n_grid=n_grid,
+        min_samples=min_samples,
+    )
+    if floor is None:
+        return _no_plateaus(
+            "no plateau: the loss is 0 everywhere (nothing to place on a log scale)"
+        )
+    u = np.log10(ts)
+    y_raw = np.log(np.maximum(loss, floor))
+    sigma = _log_noise(y_raw)
+    if min_samples is None:
+        min_samples = int(np.clip(np.ceil((sigma / 0.04) ** 2), 3, 9))
+    grid, y, se = _local_levels(u, y_raw, smooth, int(min_samples), int(n_grid), sigma)
+    calm = _calm(grid, y, se, drop_slope, min_length, min_drop)
+    found = _flat_stretches(
+        u,
+        y_raw,
+        np.maximum(loss, floor),
+        grid,
+        y,
+        calm,
+        slope_tol,
+        drop_slope,
+        min_length,
+        min_drop,
+    )
+    starts = np.array([10 ** grid[f.first] for f in found])
+    ends = np.array([10 ** grid[f.last] for f in found])
+    if found:  # a plateau at an end of the grid extends to the end of the data
+        if found[0].first == 0:
+            starts[0] = ts[0]
+        if found[-1].last == grid.size - 1:
+            ends[-1] = ts[-1]
+    levels = np.array([f.level for f in found])
+    level_err = np.array([f.level_err for f in found])
+    drop_times, drop_times_err = _drop_times(found, grid, y, se)
+    return Plateaus(
+        start=jnp.asarray(starts),
+        end=jnp.asarray(ends),
+        level=jnp.asarray(levels),
+        drop=jnp.asarray(levels[:-1] - levels[1:]),
+        drop_times=jnp.asarray(drop_times),
+        level_err=jnp.asarray(level_err),
+        drop_err=jnp.asarray(np.hypot(level_err[:-1], level_err[1:])),
+        drop_times_err=jnp.asarray(drop_times_err),
+        reason="" if found else "no plateau: no flat stretch of the curve",
+    )
+
+
+def _no_plateaus(reason: str) -> Plateaus:
+    empty = jnp.zeros((0,))
+    return Plateaus(*([empty] * 8), reason=reason)
+
+
+def _check_plateau_args(ts, loss, *, floor, n_grid, min_samples, min_drop, **positive):
+    """The curve as float64 arrays and the floor (`None` for an all-zero loss),
+    or a `ValueError` naming the bad argument."""
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)
     if ts.ndim != 1 or ts.shape[0] < 8:
@@ -155,38 +226,45 @@ def detect_plateaus(
         raise ValueError("`ts` must be finite, > 0 and strictly increasing.")
     if not np.all(np.isfinite(loss)):
         raise ValueError("`loss` contains NaN or inf.")
-    options = dict(
-        drop_slope=drop_slope, slope_tol=slope_tol, min_length=min_length, smooth=smooth
-    )
-    for name, value in options.items():
+    for name, value in positive.items():
         if not (np.isfinite(value) and value > 0):
             raise ValueError(f"`{name}` must be > 0, got {value}.")
-    if not slope_tol < drop_slope:
+    if not positive["slope_tol"] < positive["drop_slope"]:
         raise ValueError(
-            f"`slope_tol` ({slope_tol}) must be below `drop_slope` ({drop_slope})."
+            f"`slope_tol` ({positive['slope_tol']}) must be below `drop_slope` "
+            f"({positive['drop_slope']})."
         )
     if not (0 < min_drop < 1):
         raise ValueError(f"`min_drop` must be in (0, 1), got {min_drop}.")
-    top = float(np.max(loss))
-    if top <= 0:
-        raise ValueError("`loss` must have a positive maximum (log-scale detection).")
-    floor = 1e-6 * top if floor is None else float(floor)
-    if not (np.isfinite(floor) and floor > 0):
-        raise ValueError(f"`floor` must be > 0, got {floor}.")
-    n_grid, min_samples = int(n_grid), int(min_samples)
-    if n_grid < 16:
+    if int(n_grid) < 16:
         raise ValueError(f"`n_grid` must be >= 16, got {n_grid}.")
-    if min_samples < 1:
+    if min_samples is not None and int(min_samples) < 1:
         raise ValueError(f"`min_samples` must be >= 1, got {min_samples}.")
+    top = float(np.max(loss))
+    if top < 0:
+        raise ValueError("`loss` must have a positive maximum (log-scale detection).")
+    if floor is not None:
+        floor = float(floor)
+        if not (np.isfinite(floor) and floor > 0):
+            raise ValueError(f"`floor` must be > 0, got {floor}.")
+    elif top > 0:
+        floor = 1e-6 * top
+    return ts, loss, floor
 
-    u = np.log10(ts)
-    y_raw = np.log(np.maximum(loss, floor))
-    # 1-2. a robust local level: around each point of a grid in log-time, the
-    # median of the raw samples within `smooth` decades, widened to the
-    # `min_samples` nearest where the samples are sparser (early times of an
-    # every-step record), placed at the window's median log-time. The analysis
-    # grid spans these centres (no extrapolation at the ends, where windows are
-    # one-sided); then a Gaussian of `smooth` decades with odd-reflected ends
+
+def _local_levels(u, y_raw, smooth, min_samples, n_grid, sigma):
+    """Steps 1-2: a robust local level on a grid in log-time, its smoothed
+    version and the standard error of each local median.
+
+    Around each point of a grid in log-time, the median of the raw samples
+    within `smooth` decades, widened to the `min_samples` nearest where the
+    samples are sparser (early times of an every-step record), placed at the
+    window's median log-time. The analysis grid spans these centres (no
+    extrapolation at the ends, where windows are one-sided); then a Gaussian
+    of `smooth` decades with odd-reflected ends (in effect a log-binning: a
+    record of every step is reduced to its medians over `smooth` decades).
+
+    **Returns:** `(grid, y, se)`, each of shape `(n_grid,)`."""
     probe = np.linspace(u[0], u[-1], n_grid)
     lo = np.searchsorted(u, probe - smooth, "left")
     hi = np.searchsorted(u, probe + smooth, "right")
@@ -197,15 +275,14 @@ def detect_plateaus(
     pairs = sorted({(int(a), int(b)) for a, b in zip(lo, hi)})
     u_c = np.array([np.median(u[a:b]) for a, b in pairs])
     y_c = np.array([np.median(y_raw[a:b]) for a, b in pairs])
-    # standard error of each local median, from the spread of its samples
-    # (1.4826 MAD estimates a standard deviation, a median's error is 1.2533
-    # sd / sqrt(n) for Gaussian noise)
-    se_c = np.array(
-        [
-            1.2533 * 1.4826 * np.median(np.abs(y_raw[a:b] - m)) / np.sqrt(b - a)
-            for (a, b), m in zip(pairs, y_c)
-        ]
+    # standard error of each local median, 1.2533 sd / sqrt(n) for Gaussian
+    # noise, with the sd from the spread of its samples (1.4826 MAD) where
+    # there are at least 9, else from the noise `sigma` of the whole curve
+    n_c = np.array([b - a for a, b in pairs])
+    spread = np.array(
+        [1.4826 * np.median(np.abs(y_raw[a:b] - m)) for (a, b), m in zip(pairs, y_c)]
     )
+    se_c = 1.2533 * np.where(n_c >= 9, spread, sigma) / np.sqrt(n_c)
     u_c, keep = np.unique(u_c, return_index=True)
     y_c, se_c = y_c[keep], se_c[keep]
     if u_c.size < 2:
@@ -216,93 +293,133 @@ def detect_plateaus(
     grid = np.linspace(u_c[0], u_c[-1], n_grid)
     du = grid[1] - grid[0]
     y = _gaussian_smooth(np.interp(grid, u_c, y_c), smooth / du)
-    se = np.interp(grid, u_c, se_c)
-    # 3. the log-slope; stretches between drops
+    return grid, y, np.interp(grid, u_c, se_c)
+
+
+def _runs(mask):
+    """`(first, last)` index of each run of `True` in `mask`."""
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1))
+
+
+def _calm(grid, y, se, drop_slope, min_length, min_drop):
+    """Step 3: where the smoothed log-log curve is not dropping, shape
+    `(n_grid,)`: its slope `|d ln L / d ln t| <= drop_slope`, with calm gaps
+    shorter than `min_length` inside a drop closed (noise can split one drop
+    into several steep runs), and a steep run that changes the level by less
+    than `min_drop` or than 4 standard errors of the local levels counted as
+    calm (a wiggle of the noise)."""
+    n_grid = grid.size
     slope = np.gradient(y, grid) / np.log(10)
     calm = np.abs(slope) <= drop_slope
-    # noise can split one drop into several steep runs: a calm gap shorter than
-    # `min_length` between two steep runs is part of the drop
-    edges = np.diff(np.concatenate([[0], calm.astype(np.int8), [0]]))
-    for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1):
+    for a, b in _runs(calm):
         if a > 0 and b < n_grid - 1 and grid[b] - grid[a] < min_length:
             calm[a : b + 1] = False
-    # a steep run that changes the level by less than `min_drop`, or by less
-    # than 4 standard errors of the local levels, is a wiggle of the noise
-    edges = np.diff(np.concatenate([[0], (~calm).astype(np.int8), [0]]))
-    for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1):
+    for a, b in _runs(~calm):
         before, after = max(a - 1, 0), min(b + 1, n_grid - 1)
         change = abs(y[after] - y[before])
         noise = 4 * np.hypot(se[before], se[after])
         if change < max(-np.log1p(-min_drop), noise):
             calm[a : b + 1] = True
-    edges = np.diff(np.concatenate([[0], calm.astype(np.int8), [0]]))
-    stretches = list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1))
-    # the slope averaged over `min_length` decades: what "flat" is tested on
+    return calm
+
+
+class _Found(NamedTuple):
+    first: int  # grid indices of the stretch
+    last: int
+    level: float
+    level_err: float
+
+
+def _flat_stretches(
+    u, y_raw, floored, grid, y, calm, slope_tol, drop_slope, min_length, min_drop
+):
+    """Steps 4-5: the calm stretches with a flat core (`_Found`: grid indices,
+    the median loss and its standard error), neighbours at the same level
+    merged.
+
+    A stretch of at least `min_length` decades qualifies if it has a core where
+    the slope averaged over `min_length` decades is below `2 tol`, and the
+    spike-robust least-squares log-log slope of the raw samples of that core is
+    below `tol` to within one standard error and known to better than
+    `tol / 2` (a noise dip of a power law fails this). `tol` is `slope_tol`,
+    except between two sharp drops (steeper than `3 drop_slope`), where it is
+    the larger of `slope_tol` and a fifth of the shallower drop's steepest
+    slope: a logistic switch-on in
+    linear time leaves a shoulder in log-log (the next mode's loss starts to
+    fall before the plateau is flat), which a reader still marks as a plateau.
+    Without any drop there is no staircase: the whole curve is one plateau if
+    its fitted log-log slope is flat, else there is none (a power law)."""
+    n_grid = grid.size
+    du = grid[1] - grid[0]
     half = max(1, int(round(0.5 * min_length / du)))
     ahead = np.minimum(np.arange(n_grid) + half, n_grid - 1)
     behind = np.maximum(np.arange(n_grid) - half, 0)
-    span = (grid[ahead] - grid[behind]) * np.log(10)
-    mean_slope = (y[ahead] - y[behind]) / span
-    # 4. plateaus: stretches with a flat core. Without any drop there is no
-    # staircase: the whole curve is one plateau if its fitted log-log slope is
-    # flat, else there is none (a power law)
+    mean_slope = (y[ahead] - y[behind]) / ((grid[ahead] - grid[behind]) * np.log(10))
+    steepness = np.abs(np.gradient(y, grid)) / np.log(10)
+    drops = _runs(~calm)
+    stretches = _runs(calm)
     if calm.all():
         fitted = loglog_slope(u * np.log(10), y_raw, take_logs=False).slope
         stretches = [(0, n_grid - 1)] if abs(fitted) < slope_tol else []
-    found: list[list] = []
+    found: list[_Found] = []
     for a, b in stretches:
         if grid[b] - grid[a] < min_length:
             continue
-        core = np.flatnonzero(np.abs(mean_slope[a : b + 1]) < 2 * slope_tol)
+        tol = slope_tol
+        if 0 < a and b < n_grid - 1:  # between two drops
+            before = max(steepness[c : d + 1].max() for c, d in drops if d < a)
+            after = max(steepness[c : d + 1].max() for c, d in drops if c > b)
+            sharp = min(before, after)
+            if sharp > 3 * drop_slope:  # switch-ons, not the wiggles of a power law
+                tol = max(slope_tol, 0.2 * sharp)
+        core = np.flatnonzero(np.abs(mean_slope[a : b + 1]) < 2 * tol)
         if core.size == 0:
             continue
-        # certify the core on the raw samples from its first to its last
-        # point: their (spike-robust) least-squares log-log slope must be below
-        # `slope_tol` to within one standard error, and measured well enough
-        # to tell (two standard errors below `slope_tol`); a noise dip of a
-        # power law fails this
-        # (a stretch at an end of the grid reaches the end of the data)
+        # the raw samples from the core's first to its last point (a stretch at
+        # an end of the grid reaches the end of the data)
         lo = grid[a + core[0]] - du / 2 if a > 0 else u[0]
         hi = grid[a + core[-1]] + du / 2 if b < n_grid - 1 else u[-1]
         inside = (u >= lo) & (u <= hi)
         fit, fit_err = _robust_slope(u[inside] * np.log(10), y_raw[inside])
-        if not (abs(fit) < slope_tol + fit_err and 2 * fit_err < slope_tol):
+        if not (abs(fit) < tol + fit_err and 2 * fit_err < tol):
             continue
-        level = float(np.median(np.maximum(loss[inside], floor)))
-        # 5. merge with the previous plateau at the same level
-        if found and abs(np.log(level / found[-1][2])) < -np.log1p(-min_drop):
-            found[-1][1] = b
+        samples = np.log(floored[inside])
+        level = float(np.exp(np.median(samples)))
+        # the median's standard error, 1.2533 sd / sqrt(n), sd from the MAD
+        spread = 1.4826 * np.median(np.abs(samples - np.log(level)))
+        level_err = level * 1.2533 * spread / np.sqrt(samples.size)
+        if found and abs(np.log(level / found[-1].level)) < -np.log1p(-min_drop):
+            found[-1] = found[-1]._replace(last=b)
         else:
-            found.append([a, b, level])
+            found.append(_Found(a, b, level, level_err))
+    return found
 
-    starts = np.array([10 ** grid[a] for a, _, _ in found])
-    ends = np.array([10 ** grid[b] for _, b, _ in found])
-    if found:  # a plateau at an end of the grid extends to the end of the data
-        if found[0][0] == 0:
-            starts[0] = ts[0]
-        if found[-1][1] == n_grid - 1:
-            ends[-1] = ts[-1]
-    levels = np.array([lvl for _, _, lvl in found])
-    drops = levels[:-1] - levels[1:]
-    drop_times = []
+
+def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:
+    r"""When the smoothed loss crosses the middle of each drop between plateaus
+    (the middle of the gap where it does not), shape `(P - 1,)`, and its
+    standard error: the local level's error over the slope there,
+    $\sigma_{\log t} = \mathrm{se} / |d \ln L / d \log_{10} t|$, with half a
+    grid step added in quadrature."""
+    du = grid[1] - grid[0]
+    slope = np.gradient(y, grid)
+    times, errs = [], []
     smooth_loss = np.exp(y)
-    for (_, b0, l0), (a1, _, l1) in zip(found[:-1], found[1:]):
-        seg = np.arange(b0, a1 + 1)
-        t_mid = first_crossing(
+    for before, after in zip(found[:-1], found[1:]):
+        seg = np.arange(before.last, after.first + 1)
+        u_mid = first_crossing(
             grid[seg],
             smooth_loss[seg],
-            0.5 * (l0 + l1),
-            rising=l1 > l0,
+            0.5 * (before.level + after.level),
+            rising=after.level > before.level,
             interpolate="linear",
             at_start="nan",
         )
-        if np.isnan(t_mid):  # no crossing: the middle of the gap
-            t_mid = 0.5 * (grid[b0] + grid[a1])
-        drop_times.append(10**t_mid)
-    return Plateaus(
-        start=jnp.asarray(starts),
-        end=jnp.asarray(ends),
-        level=jnp.asarray(levels),
-        drop=jnp.asarray(drops),
-        drop_times=jnp.asarray(np.asarray(drop_times)),
-    )
+        if np.isnan(u_mid):
+            u_mid = 0.5 * (grid[before.last] + grid[after.first])
+        at = int(np.clip(np.searchsorted(grid, u_mid), 0, grid.size - 1))
+        err_u = np.hypot(se[at] / max(abs(slope[at]), 1e-12), du / 2)
+        times.append(10**u_mid)
+        errs.append(10**u_mid * np.log(10) * err_u)
+    return np.asarray(times), np.asarray(errs)

@@ -11,7 +11,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._curves import loglog_slope
-from ._least_squares import _host_curve, _laplace_cov, _least_squares
+from ._least_squares import (
+    _host_curve,
+    _laplace_cov,
+    _least_squares,
+    _nothing_to_fit,
+)
 
 
 # --------------------------------------------------------------------------------
@@ -29,6 +34,9 @@ class PowerLawFit(eqx.Module):
     - `n_points`: number of points inside the window.
     - `rms`: root-mean-square residual of $\log L$ in the window.
     - `uncertainty`: how `gamma_err` was obtained (`"laplace"` or `"bootstrap"`).
+    - `found`: whether the curve has a power law; if not, `reason` says why (the
+      loss is zero, flat or rising, no range of it falls as a power law, or the
+      fitted exponent is not distinguishable from 0), and the numbers are NaN.
     """
 
     gamma: Float[Array, ""]
@@ -40,6 +48,8 @@ class PowerLawFit(eqx.Module):
     n_points: int = eqx.field(static=True)
     rms: Float[Array, ""]
     uncertainty: str = eqx.field(static=True)
+    found: bool = eqx.field(static=True, default=True)
+    reason: str = eqx.field(static=True, default="")
 
     def __call__(self, ts: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
         """The fitted curve at times `ts`."""
@@ -54,7 +64,7 @@ def _auto_window(
     half_width: float = 0.25,
     tol: float = 0.05,
     n_grid: int = 48,
-) -> tuple[float, float]:
+) -> tuple[float, float] | None:
     """The longest range of `log10 t` over which the local slope of the log-log
     curve stays constant: the power-law regime, excluding an initial plateau or
     staircase and a final floor or finite-size cutoff.
@@ -68,7 +78,9 @@ def _auto_window(
       has the same scatter everywhere and passes, a resolved staircase of
       switch-ons is far rougher than the merged part and does not;
     - every local slope is within `tol * median + 2 se` of the median slope
-      (so noise alone does not end it)."""
+      (so noise alone does not end it).
+
+    `None` where the local slope is nowhere above 0.05 (nothing falls)."""
     keep = (t > 0) & (y > 0)
     lt, ly = np.log10(t[keep]), np.log10(y[keep])
     full = (float(t[keep][0]), float(t[keep][-1]))
@@ -83,7 +95,7 @@ def _auto_window(
     rough = np.where(enough, local.rms, np.nan)
     falling = slopes > 0.05
     if not np.any(falling):
-        return full
+        return None
     smooth = rough <= 2 * np.quantile(rough[falling], 0.25) + 1e-4
     best, best_len = None, 2 * half_width  # at least one smoothing window wide
     for i in range(n_grid):
@@ -180,7 +192,7 @@ def fit_power_law(
     staircase of switch-ons does not). This drops an initial plateau or
     staircase and a final floor or finite-size cutoff; the window used is reported
     in the result. Give `window=(t_lo, t_hi)` to fix it (e.g. from the switch-on
-    times of THEORY.md section 5).
+    times of the theory).
 
     **Uncertainty of gamma.** `"laplace"` (default): the Gauss-Newton curvature of
     the squared log-residuals at the optimum, $\Sigma = s^2 (J^\top J)^{+}$ with
@@ -205,10 +217,17 @@ def fit_power_law(
     - `n_bootstrap`: bootstrap replicates.
     - `key`: PRNG key for the starts and the bootstrap (default `key(0)`).
 
+    **Nothing to fit.** A loss that is zero, flat within its noise or rising
+    (`found=False`, NaN numbers, and the `reason`), an automatic window search
+    that finds no falling range, or a fitted exponent below twice its error
+    or a fitted curve that falls by less than 5% over its window gives no power
+    law.
+
     **Returns:** a `PowerLawFit` (callable: the fitted curve).
 
     **Raises:** `ValueError` for bad shapes, non-finite values, non-increasing or
-    negative `ts`, or fewer than 6 positive points in the window.
+    negative `ts`, bad options, or fewer than 6 positive points in a given
+    window.
     """
     t, y = _host_curve(ts, loss)
     if uncertainty not in ("laplace", "bootstrap"):
@@ -217,13 +236,21 @@ def fit_power_law(
         )
     if n_starts < 1:
         raise ValueError(f"`n_starts` must be >= 1, got {n_starts}.")
-    if window is None:
-        window = _auto_window(t, y)
-    else:
+    if window is not None:
         window = (float(window[0]), float(window[1]))
         if not window[0] < window[1]:
             raise ValueError(
                 f"`window` must be (t_lo, t_hi) with t_lo < t_hi, got {window}."
+            )
+    nothing = _nothing_to_fit(t, y)
+    if nothing:
+        return _no_power_law(nothing, uncertainty)
+    if window is None:
+        window = _auto_window(t, y)
+        if window is None:
+            return _no_power_law(
+                "no power law: the local log-log slope is nowhere above 0.05",
+                uncertainty,
             )
     sel = (t >= window[0]) & (t <= window[1]) & (y > 0)
     n = int(sel.sum())
@@ -232,16 +259,45 @@ def fit_power_law(
             f"need at least 6 points with positive loss in the window {window}, got "
             f"{n}."
         )
-    tw, yw = t[sel], y[sel]
-    window = (float(tw[0]), float(tw[-1]))
+    window = (float(t[sel][0]), float(t[sel][-1]))
     # Rescale to order one inside the window; points outside get weight 0 (the
     # arrays keep the length of `ts`, so every window shares one compilation).
-    t_ref = tw[-1]
-    l_ref = np.exp(np.mean(np.log(yw)))
+    t_ref = t[sel][-1]
+    l_ref = np.exp(np.mean(np.log(y[sel])))
     u = t / t_ref
     ly = np.where(sel, np.log(np.where(sel, y, 1.0) / l_ref), 0.0)
+    key = jax.random.key(0) if key is None else key
+    key_starts, key_boot = jax.random.split(key)
+    dtype = jnp.result_type(float)
+    u_j, y_j, w_j = (jnp.asarray(a, dtype) for a in (u, ly, sel))
+    theta0 = _starts(u, ly, sel, n_starts, key_starts)
+    theta, gamma_err, rms = _fit_power_law_core(
+        u_j, y_j, w_j, jnp.asarray(theta0, dtype), huber_delta, learning_rate, steps, 30
+    )
+    if uncertainty == "bootstrap":
+        idx = jax.random.choice(key_boot, np.flatnonzero(sel), (n_bootstrap, n))
+        counts = jax.vmap(lambda i: jnp.zeros_like(u_j).at[i].add(1.0))(idx)
+        boot = _bootstrap_gamma(u_j, y_j, counts, theta, huber_delta, 30)
+        gamma_err = jnp.std(boot, ddof=1)
+    fit = PowerLawFit(
+        gamma=jnp.exp(theta[3]),
+        gamma_err=gamma_err,
+        L_inf=jnp.exp(theta[0]) * l_ref,
+        c=jnp.exp(theta[1]) * l_ref * t_ref ** jnp.exp(theta[3]),
+        t0=jnp.exp(theta[2]) * t_ref,
+        window=window,
+        n_points=n,
+        rms=rms,
+        uncertainty=uncertainty,
+    )
+    reason = _insignificant(fit)
+    return _no_power_law(reason, uncertainty) if reason else fit
 
-    # start 0: a log-log regression on the window (positive times)
+
+def _starts(u, ly, sel, n_starts: int, key) -> np.ndarray:
+    """`n_starts` starting points, shape `(n_starts, 4)`: the first from a
+    log-log regression on the window (positive times), the others random
+    perturbations of it."""
     pos = sel & (u > 0)
     slope, intercept, _, _ = loglog_slope(np.log(u[pos]), ly[pos], take_logs=False)
     theta_reg = np.array(
@@ -252,31 +308,43 @@ def fit_power_law(
             np.log(max(-slope, 0.05)),
         ]
     )
-    key = jax.random.key(0) if key is None else key
-    key_starts, key_boot = jax.random.split(key)
-    noise = np.asarray(jax.random.normal(key_starts, (n_starts, 4)))
+    noise = np.asarray(jax.random.normal(key, (n_starts, 4)))
     theta0 = theta_reg + noise * np.array([2.0, 0.5, 2.0, 0.4])
     theta0[0] = theta_reg
-    dtype = jnp.result_type(float)
-    u_j, y_j, w_j = (jnp.asarray(a, dtype) for a in (u, ly, sel))
-    theta, gamma_err, rms = _fit_power_law_core(
-        u_j, y_j, w_j, jnp.asarray(theta0, dtype), huber_delta, learning_rate, steps, 30
-    )
-    gamma = jnp.exp(theta[3])
-    if uncertainty == "bootstrap":
-        idx = jax.random.choice(key_boot, np.flatnonzero(sel), (n_bootstrap, n))
-        counts = jax.vmap(lambda i: jnp.zeros_like(u_j).at[i].add(1.0))(idx)
-        boot = _bootstrap_gamma(u_j, y_j, counts, theta, huber_delta, 30)
-        gamma_err = jnp.std(boot, ddof=1)
+    return theta0
 
+
+def _insignificant(fit: PowerLawFit) -> str:
+    """Why a converged fit is no power law ("" if it is one): an exponent below
+    twice its standard error, or a fitted curve falling by less than 5% (0.05 in
+    `log L`) over its window."""
+    gamma, err = float(fit.gamma), float(fit.gamma_err)
+    lo, hi = fit.window
+    fall = float(jnp.log(fit(lo) / fit(hi)))
+    if not (np.isfinite(gamma) and np.isfinite(err)):
+        return "no power law: the fit did not converge"
+    if fall < 0.05:
+        return (
+            f"no power law: the fitted curve falls by {fall:.2g} in log L over its "
+            "window, less than 0.05"
+        )
+    if gamma < 2 * err:
+        return f"no power law: gamma = {gamma:.2g} is below twice its error {err:.2g}"
+    return ""
+
+
+def _no_power_law(reason: str, uncertainty: str) -> PowerLawFit:
+    nan = jnp.asarray(jnp.nan, jnp.result_type(float))
     return PowerLawFit(
-        gamma=gamma,
-        gamma_err=gamma_err,
-        L_inf=jnp.exp(theta[0]) * l_ref,
-        c=jnp.exp(theta[1]) * l_ref * t_ref ** jnp.exp(theta[3]),
-        t0=jnp.exp(theta[2]) * t_ref,
-        window=window,
-        n_points=n,
-        rms=rms,
+        gamma=nan,
+        gamma_err=nan,
+        L_inf=nan,
+        c=nan,
+        t0=nan,
+        window=(float("nan"), float("nan")),
+        n_points=0,
+        rms=nan,
         uncertainty=uncertainty,
+        found=False,
+        reason=reason,
     )

@@ -1,7 +1,36 @@
 r"""The inverse problem: the power-law Lotka-Volterra model
 ($\lambda_k = k^{-\alpha}$, $m^*_k = k^{-\beta}$, init scale, time scale) whose
-loss curve matches a measured one, found by gradient descent through the solver
-(`fit_spectrum`), and the exponent the theory then predicts."""
+loss curve matches a measured one, found by least squares through the solver
+(`fit_spectrum`), and the exponent the theory then predicts.
+
+**Modes beyond `p`.** The first `p` modes are computed one by one; the modes
+`p < k <= n_modes` enter as a continuum with sharp switch-ons,
+$\tfrac12 \int_{\max(p + 1/2,\,k_t)}^{N + 1/2} k^{-(\alpha + 2\beta)} dk$ with
+$k_t$ the mode switching on at time $t$ (the sharp-switch sum, with the
+switch-on time $(\ln(m^*_k/\epsilon) - 1)/r_k$ that makes it exact to first
+order in the logistic's width). Without it a model shorter than the curve's
+spectrum cannot match the curve (it lacks the other modes' unlearned loss from
+the start, and its loss drops to zero once its `p` modes are learned), and the
+exponents come out wrong: on a 2000-mode curve (`alpha = 1, beta = 0.5`,
+`eps = 1e-16`, to `t = 1e6`-`2e6`) `p = 200` alone gave `alpha` = 1.9-2.6 and
+`beta` = 0.04-0.23. With the tail, `p = 200` reproduced that curve to 1% in
+`log L` at the true parameters, and the fit recovered both exponents to 0.03%
+(`p = 50`: likewise). The modes are merged (the continuum is accurate) beyond
+$k \approx (\alpha + \beta) \ln(1/\epsilon)$, a few tens, so `p` of 50-200
+suffices for any `n_modes`. `n_modes=float("inf")` models an unbounded spectrum
+(for `alpha + 2 beta > 1`; the loss is infinite otherwise). `n_modes` must be
+known: the spectrum's cutoff shows in the curve (the loss falls faster once the
+front nears it), and a wrong one biases the exponents.
+
+**Derivatives.** `method="solve_lv"` integrates every mode with `solve_lv`
+(vmapped over modes; they are independent) and differentiates with
+`diffrax.ForwardMode`: five parameters and a curve of `T` points make forward
+mode the right choice (the `T x 5` Jacobian that Gauss-Newton and the error
+bars need costs five tangent solves, where reverse mode would need `T` backward
+passes).
+
+**Error bars.** The Laplace standard errors are meaningful for noisy data, and
+a measure of misfit only for a deterministic curve."""
 
 from typing import Literal
 
@@ -16,7 +45,13 @@ from .._curves import first_crossing
 from ..engines.lv import solve_lv
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..theory.power_law import power_law_exponent
-from ._least_squares import _host_curve, _laplace_cov, _least_squares
+from ._least_squares import (
+    _host_curve,
+    _laplace_cov,
+    _least_squares,
+    _log_noise,
+    _nothing_to_fit,
+)
 
 
 # --------------------------------------------------------------------------------
@@ -31,9 +66,9 @@ class SpectrumFit(eqx.Module):
     m_k(0) = \epsilon,\quad
     L(t) = A \sum_{k=1}^{N} \tfrac12 \lambda_k \big(m^*_k - m_k(t)\big)^2$$
 
-    whose loss curve matches the data (THEORY.md section 5): the first `p` modes
-    explicitly, the rest (`p < k <= N = n_modes`) as a continuum (see
-    `fit_spectrum`).
+    whose loss curve matches the data (see the documentation's theory pages):
+    the first `p` modes explicitly, the rest (`p < k <= N = n_modes`) as a
+    continuum (see the module notes).
 
     **Fields:**
 
@@ -48,6 +83,9 @@ class SpectrumFit(eqx.Module):
     - `rms`: root-mean-square residual of `log L` over the fitted points.
     - `n_modes`: total number of modes `N` (an int `>= p`, or `inf`); `None`
       (the default) means `p`, no tail.
+    - `found`: whether the curve is described by a spectrum; if not, `reason`
+      says why (nothing to fit: the parameters are NaN; a refused fit: `beta <
+      0` or a misfit far above the noise, the fitted numbers kept).
     """
 
     alpha: Float[Array, ""]
@@ -62,6 +100,8 @@ class SpectrumFit(eqx.Module):
     p: int = eqx.field(static=True)
     method: str = eqx.field(static=True)
     n_modes: int | float | None = eqx.field(static=True, default=None)
+    found: bool = eqx.field(static=True, default=True)
+    reason: str = eqx.field(static=True, default="")
 
     @property
     def theta(self) -> Float[Array, " 5"]:
@@ -96,7 +136,7 @@ def _spectrum_modes(theta, p: int):
 
 def _log_logistic_gap(log_mstar, log_eps, r, ts):
     r"""`log |m*_k - m_k(t)|`, shape `(p, T)`, of isolated logistic modes
-    (THEORY.md section 4) from `m_k(0) = eps`, in log space:
+    (see the documentation's theory pages) from `m_k(0) = eps`, in log space:
     $m^* - m = m^* c e^{-rt} / (1 + c e^{-rt})$ with $c = m^*/\epsilon - 1$, so
     that a learned mode's gap never underflows to zero (its log stays finite
     however small it is)."""
@@ -127,7 +167,7 @@ def _log_expm1_ratio(z):
 
 def _log_tail(theta, ts, p: int, n_modes):
     r"""`log` of the unlearned loss of the modes `p < k <= n_modes`, shape `(T,)`,
-    as a continuum with sharp switch-ons (THEORY.md section 5, `L_sharp`):
+    as a continuum with sharp switch-ons (the sharp-switch sum):
 
     $$L_{tail}(t) = \tfrac12 \int_{\max(p + 1/2,\ k_t)}^{N + 1/2} k^{-s}\,dk,
     \qquad s = \alpha + 2\beta,$$
@@ -195,7 +235,7 @@ def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
     `diffrax.ForwardMode` (for `jax.jacfwd`/`jax.jvp`): five parameters against
     a curve of `T` points. The loss is floored at the smallest normal float
     (a curve of learned modes can round to zero). `"logistic"`: the closed form
-    of each isolated mode (THEORY.md section 4), summed in log space
+    of each isolated mode, summed in log space
     (log-sum-exp), so it never underflows to `log 0 = -inf`."""
     lam, mstar, r, b, eps = _spectrum_modes(theta, p)
     if method == "logistic":
@@ -254,6 +294,84 @@ def _check_n_modes(n_modes, p: int) -> int | float:
     return int(n_modes)
 
 
+def _default_starts(t, y, use, p: int, n_modes) -> np.ndarray:
+    """A grid of 8 starts over `(alpha, beta, eps)`, shape `(8, 5)`: the amplitude
+    `A` from the initial loss, the rate from the first drop (where the loss
+    falls below 3/4 of its start): `rho t_1 ~ ln(1/eps)`."""
+    y0 = y[use][0]
+    t_drop = first_crossing(t, np.where(use, y, np.inf), 0.75 * y0, interpolate="step")
+    t_drop = t[-1] if np.isnan(t_drop) else t_drop
+    t_drop = max(t_drop, t[t > 0][0] if np.any(t > 0) else 1.0)
+    k = np.arange(1, p + 1)
+    rows = []
+    for a0 in (0.8, 1.6):
+        for b0 in (0.4, 1.0):
+            s0 = a0 + 2 * b0
+            total = 0.5 * np.sum(k**-s0)
+            if n_modes > p:  # the tail, as in `_log_tail` at t = 0
+                total += (
+                    0.5
+                    * ((p + 0.5) ** (1 - s0) - (n_modes + 0.5) ** (1 - s0))
+                    / (s0 - 1)
+                )
+            for log_eps in (np.log(1e-4), np.log(1e-10)):
+                rate = np.log(-log_eps / t_drop)
+                rows.append([a0, b0, log_eps, rate, np.log(y0 / total)])
+    return np.array(rows)
+
+
+def _solve_options(solver, rtol, atol, max_steps) -> dict:
+    """`solve_lv`'s options for every mode: forward-mode derivatives and
+    `throw=False` (a failed trial solve is a rejected step, never a result)."""
+    options = dict(
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        throw=False,
+        adjoint=diffrax.ForwardMode(),
+    )
+    if solver is not None:
+        options["solver"] = solver
+    return options
+
+
+def _refusal(beta: float, rms: float, noise: float) -> str:
+    """Why a converged fit is not a spectrum ("" if it is one): `beta < 0`
+    (targets growing with `k`), or a misfit far above the noise, an rms of
+    `log L` above `max(3 noise, 0.1)` (the model does not describe the curve)."""
+    if beta < 0:
+        return (
+            f"beta = {beta:.3g} < 0: the fitted targets grow with k, not a "
+            "power-law spectrum"
+        )
+    if rms > max(3 * noise, 0.1):
+        return (
+            f"the model misses the curve: rms of log L {rms:.3g} against a noise "
+            f"of {noise:.3g}"
+        )
+    return ""
+
+
+def _not_found(p, method, n_modes, reason, dtype) -> "SpectrumFit":
+    nan = jnp.asarray(jnp.nan, dtype)
+    return SpectrumFit(
+        alpha=nan,
+        beta=nan,
+        alpha_err=nan,
+        beta_err=nan,
+        eps=nan,
+        rate=nan,
+        amplitude=nan,
+        gamma=float("nan"),
+        rms=nan,
+        p=p,
+        method=method,
+        n_modes=n_modes,
+        found=False,
+        reason=reason,
+    )
+
+
 def fit_spectrum(
     ts: Float[ArrayLike, " T"],
     loss: Float[ArrayLike, " T"],
@@ -275,60 +393,32 @@ def fit_spectrum(
     r"""Recover the power-law spectra `(alpha, beta)`, the init scale and the time
     scale of a loss curve, by gradient descent through `solve_lv`.
 
-    The model (see `SpectrumFit`) is `N = n_modes` independent Lotka-Volterra
-    modes with $\lambda_k = k^{-\alpha}$ (so $B_{kk} \propto k^{-\alpha}$),
-    targets $m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all
-    starting at $\epsilon$ (in units of $m^*_1$), and loss
-    $A \sum_{k \le N} \lambda_k (m^*_k - m_k)^2 / 2$: five parameters
-    $\theta = (\alpha, \beta, \ln\epsilon, \ln\rho, \ln A)$. Each drop of the
+    The model is `SpectrumFit`'s: $\theta = (\alpha, \beta, \ln\epsilon,
+    \ln\rho, \ln A)$, the first `p` modes one by one and the modes
+    `p < k <= n_modes` as a continuum with sharp switch-ons (see the module
+    notes on why the tail matters and how accurate it is). Each drop of the
     staircase fixes a height ratio ($\propto k^{-(\alpha + 2\beta)}$) and a time
-    ratio ($\propto k^{\alpha+\beta}$, with the $\ln(m^*_k/\epsilon)$
-    correction), so both exponents are identifiable from a curve that resolves a
-    few switch-ons and reaches the merged power-law regime.
-
-    **Modes beyond `p`.** The first `p` modes are computed one by one (below);
-    the modes `p < k <= n_modes` enter as a continuum with sharp switch-ons,
-    $\tfrac12 \int_{\max(p + 1/2,\,k_t)}^{N + 1/2} k^{-(\alpha + 2\beta)} dk$ with
-    $k_t$ the mode switching on at time $t$ (THEORY.md section 5's `L_sharp`,
-    with the switch-on time $(\ln(m^*_k/\epsilon) - 1)/r_k$ that makes it exact
-    to first order in the logistic's width). Without it a model shorter than
-    the curve's spectrum cannot match the curve (it lacks the other modes'
-    unlearned loss from the start, and its loss drops to zero once its `p`
-    modes are learned), and the exponents come out wrong: on a 2000-mode curve
-    (`alpha = 1, beta = 0.5`, `eps = 1e-16`, to `t = 1e6`-`2e6`) `p = 200` alone
-    gave `alpha` = 1.9-2.6 and `beta` = 0.04-0.23. With the tail, `p = 200`
-    reproduced that curve to 1% in `log L` at the true parameters, and the fit
-    recovered both exponents to 0.03% (`p = 50`: likewise). The modes are
-    merged (the continuum is accurate) beyond
-    $k \approx (\alpha + \beta) \ln(1/\epsilon)$, a few tens, so `p` of
-    50-200 suffices for any `n_modes`. `n_modes=float("inf")` models an
-    unbounded spectrum (for `alpha + 2 beta > 1`; the loss is infinite
-    otherwise). `n_modes` must be known: the spectrum's cutoff shows in the
-    curve (the loss falls faster once the front nears it), and a wrong one
-    biases the exponents.
+    ratio ($\propto k^{\alpha+\beta}$), so both exponents are identifiable from
+    a curve that resolves a few switch-ons and reaches the merged regime.
 
     The objective is the mean Huber loss (threshold `huber_delta`) of the
     residuals of $\log L$ over the points with `loss > rel_floor * max(loss)`.
     From each start (default: a grid of 8 over `(alpha, beta, eps)` with `rho`
     set by the time of the first drop and `A` by the initial loss) it runs
-    `steps` of Adam (optax, cosine decay) and `polish` Levenberg-Marquardt steps,
-    vmapped over starts; the best wins. The standard errors are Laplace
-    (Gauss-Newton) ones, $s^2 (J^\top J)^{-1}$: meaningful for noisy data, a
-    measure of misfit only for a deterministic curve.
+    `steps` of Adam (optax) and at most `polish` steps of
+    `optimistix.LevenbergMarquardt`, vmapped over starts; the best wins. The
+    standard errors are Laplace (Gauss-Newton) ones, $s^2 (J^\top J)^{-1}$.
+    `method="solve_lv"` differentiates the solves in forward mode
+    (`diffrax.ForwardMode`: five parameters against `T` residuals);
+    `"logistic"` uses the closed form of an isolated mode (same model, faster).
+    `ts` counts steps and the model is the gradient flow: GD grows a mode by
+    `1 + r` per step instead of `e^r`, which shifts `rho` slightly.
 
-    **Adjoint.** `method="solve_lv"` (default) integrates every mode with
-    `solve_lv` (vmapped over modes; they are independent) and differentiates
-    with `diffrax.ForwardMode` via `jax.jvp`: five parameters and a curve of `T`
-    points make forward mode the right choice: the full `T x 5` Jacobian that
-    Gauss-Newton and the error bars need costs five tangent solves, where
-    reverse mode (`RecursiveCheckpointAdjoint`, the choice for a scalar of many
-    parameters) would need `T` backward passes. `method="logistic"` uses the
-    closed form of an isolated mode instead (same model, faster).
-
-    **Time.** `ts` counts steps; the model is the gradient *flow*. Full-batch GD
-    with learning rate `eta` grows a mode by `1 + r` per step instead of `e^r`,
-    so a curve from GD with rates `r_k` of order one fits a slightly different
-    `rho` (the exponents are unaffected while `r_1 << 1`).
+    **Nothing to fit, or no spectrum.** A curve that does not fall (all zero,
+    flat within its noise, or rising) gives `found=False` and NaN parameters; a
+    fit with `beta < 0`, or whose rms in `log L` is above `max(3 noise, 0.1)`
+    (`noise`: the scatter of `log L` about a smooth curve), gives `found=False`
+    and says why in `reason` (the fitted numbers are kept for inspection).
 
     **Arguments:**
 
@@ -355,57 +445,31 @@ def fit_spectrum(
     t, y = _host_curve(ts, loss)
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"`p` must be a positive int, got {p!r}.")
-    n_modes = _check_n_modes(n_modes, int(p))
+    p = int(p)
+    n_modes = _check_n_modes(n_modes, p)
     if method not in ("solve_lv", "logistic"):
         raise ValueError(f"`method` must be 'solve_lv' or 'logistic', got {method!r}.")
+    dtype = jnp.result_type(float)
     use = y > rel_floor * np.max(y)
-    if use.sum() < 8:
+    if np.max(y) > 0 and use.sum() < 8:
         raise ValueError(
             f"need at least 8 points with loss > rel_floor * max(loss), got "
             f"{int(use.sum())}."
         )
-    dtype = jnp.result_type(float)
-    if starts is None:
-        # A from the initial loss, rho from the first drop (where L falls below
-        # 3/4 of its start): rho t_1 ~ ln(1/eps).
-        y0 = y[use][0]
-        t_drop = first_crossing(
-            t, np.where(use, y, np.inf), 0.75 * y0, interpolate="step"
-        )
-        t_drop = t[-1] if np.isnan(t_drop) else t_drop
-        t_drop = max(t_drop, t[t > 0][0] if np.any(t > 0) else 1.0)
-        rows = []
-        for a0 in (0.8, 1.6):
-            for b0 in (0.4, 1.0):
-                for log_eps in (np.log(1e-4), np.log(1e-10)):
-                    k = np.arange(1, p + 1)
-                    total = 0.5 * np.sum(k ** -(a0 + 2 * b0))
-                    if n_modes > p:  # the tail, as in `_log_tail` at t = 0
-                        s0 = a0 + 2 * b0
-                        total += (
-                            0.5
-                            * ((p + 0.5) ** (1 - s0) - (n_modes + 0.5) ** (1 - s0))
-                            / (s0 - 1)
-                        )
-                    rows.append(
-                        [a0, b0, log_eps, np.log(-log_eps / t_drop), np.log(y0 / total)]
-                    )
-        starts = np.array(rows)
+    nothing = _nothing_to_fit(t, y)
+    if nothing:
+        return _not_found(p, method, n_modes, nothing, dtype)
+    starts = _default_starts(t, y, use, p, n_modes) if starts is None else starts
     starts = np.asarray(starts, dtype=np.float64)
     if starts.ndim != 2 or starts.shape[1] != 5 or not np.all(np.isfinite(starts)):
         raise ValueError(
             f"`starts` must be a finite array of shape (S, 5), got {starts.shape}."
         )
-    solve_options = dict(
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-        throw=False,
-        adjoint=diffrax.ForwardMode(),
-    )
-    if solver is not None:
-        solve_options["solver"] = solver
-    opts = {"p": int(p), "n_modes": n_modes, "solve": solve_options}
+    opts = {
+        "p": p,
+        "n_modes": n_modes,
+        "solve": _solve_options(solver, rtol, atol, max_steps),
+    }
     ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
     theta, cov, rms, values = _fit_spectrum_core(
         jnp.asarray(t, dtype),
@@ -430,6 +494,7 @@ def fit_spectrum(
         gamma = power_law_exponent(alpha, beta, "rich")
     except ValueError:
         gamma = float("nan")
+    reason = _refusal(beta, float(rms), _log_noise(ly[use]))
     return SpectrumFit(
         alpha=theta[0],
         beta=theta[1],
@@ -440,7 +505,9 @@ def fit_spectrum(
         amplitude=jnp.exp(theta[4]),
         gamma=gamma,
         rms=rms,
-        p=int(p),
+        p=p,
         method=method,
         n_modes=n_modes,
+        found=not reason,
+        reason=reason,
     )

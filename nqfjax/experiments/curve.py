@@ -160,6 +160,35 @@ def read_curve_csv(
 # analysing one curve
 
 
+def _check_options(modes, total_modes, spectrum_method) -> int | float:
+    """Reject bad options before any work (a `ValueError` naming the option and
+    its command-line flag); return `total_modes` as an int or `inf`."""
+    if modes is not None and (
+        isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 1
+    ):
+        raise ValueError(
+            f"`modes` (--modes) must be a positive integer, got {modes!r}."
+        )
+    if spectrum_method not in ("logistic", "solve_lv"):
+        raise ValueError(
+            "`spectrum_method` must be 'logistic' or 'solve_lv', got "
+            f"{spectrum_method!r}."
+        )
+    lowest = 1 if modes is None else modes
+    number = not isinstance(total_modes, bool) and isinstance(
+        total_modes, (int, float, np.integer, np.floating)
+    )
+    if number and total_modes == float("inf"):
+        return float("inf")
+    whole = number and np.isfinite(total_modes) and total_modes == int(total_modes)
+    if not whole or total_modes < lowest:
+        raise ValueError(
+            "`total_modes` (--total-modes) must be an integer >= the number of "
+            f"modes of the model ({lowest}) or inf, got {total_modes!r}."
+        )
+    return int(total_modes)
+
+
 def analyse_curve(
     ts,
     loss,
@@ -172,7 +201,10 @@ def analyse_curve(
     r"""Plateaus, power law and spectrum of one loss curve.
 
     Three analyses, each of which may fail on its own (its entry of the summary
-    is then `{"error": message}`):
+    is then `{"error": message}`) or find nothing (a loss that is zero, flat or
+    rising has no power law or spectrum, a refused spectrum fit has none: the
+    entry is then `{"found": false, "reason": message}`; no plateau: a count of
+    0 and its `reason`):
 
     - `plateaus`: `detect_plateaus` on the points with `t > 0`: start, end and
       level of each plateau and the times of the drops between them;
@@ -181,8 +213,8 @@ def analyse_curve(
     - `spectrum`: `fit_spectrum` with `modes` independent modes: the spectral
       exponents `alpha`, `beta` of the power-law Lotka-Volterra model that
       reproduces the curve, and the exponents the theory predicts from them
-      (`gamma_rich`, `gamma_lazy`, THEORY.md section 5) to compare with the
-      fitted `gamma`. Skipped with `modes=None`.
+      (`gamma_rich`, `gamma_lazy`) to compare with the fitted `gamma`. Skipped
+      with `modes=None`.
 
     The fits run in float64 whatever the global `jax_enable_x64` setting.
 
@@ -203,6 +235,7 @@ def analyse_curve(
     """
     from tqdm import tqdm
 
+    total_modes = _check_options(modes, total_modes, spectrum_method)
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)
     summary: dict[str, Any] = {
@@ -228,8 +261,13 @@ def analyse_curve(
                         "level": pl.level,
                         "drop_times": pl.drop_times,
                     }
+                    if not len(pl):
+                        summary[name]["reason"] = pl.reason
                 elif name == "power_law":
                     fit = fit_power_law(ts, loss)
+                    if not fit.found:
+                        summary[name] = {"found": False, "reason": fit.reason}
+                        continue
                     curves["power_law"] = fit
                     summary[name] = {
                         "gamma": float(fit.gamma),
@@ -246,9 +284,12 @@ def analyse_curve(
                         ts,
                         loss,
                         p=modes,
-                        n_modes=max(total_modes, modes),
+                        n_modes=total_modes,
                         method=spectrum_method,
                     )
+                    if not spec.found:
+                        summary[name] = {"found": False, "reason": spec.reason}
+                        continue
                     curves["spectrum"] = spec
                     a, b = float(spec.alpha), float(spec.beta)
                     try:
@@ -306,18 +347,10 @@ def fit_curve_file(
     **Returns:** the summary (the content of `fit.json`), with `files` mapping
     `summary` and `figure` to their paths.
 
-    **Raises:** `ValueError` from `read_curve_csv`, or for a bad `modes` or
-    `spectrum_method`.
+    **Raises:** `ValueError` from `read_curve_csv`, or for a bad `modes`,
+    `total_modes` or `spectrum_method` (before the file is read).
     """
-    if modes is not None and (
-        isinstance(modes, bool) or not isinstance(modes, int) or modes < 1
-    ):
-        raise ValueError(f"`modes` must be a positive integer, got {modes!r}.")
-    if spectrum_method not in ("logistic", "solve_lv"):
-        raise ValueError(
-            "`spectrum_method` must be 'logistic' or 'solve_lv', got "
-            f"{spectrum_method!r}."
-        )
+    total_modes = _check_options(modes, total_modes, spectrum_method)
     curve = read_curve_csv(path, time_column=time_column, loss_column=loss_column)
     summary, fig = analyse_curve(
         curve.ts,
