@@ -352,7 +352,7 @@ def test_constructor_errors():
         nqfjax.MixtureOfExperts(gate="factor", k=2)
     with pytest.raises(ValueError, match="`length` must be >= `kernel_size`"):
         nqfjax.Conv1D(length=2, kernel_size=3)
-    with pytest.raises(ValueError, match="`kernel_size` and `stride`"):
+    with pytest.raises(ValueError, match="`stride` must be >= 1, got 0"):
         nqfjax.Conv1D(stride=0)
     moe = nqfjax.MixtureOfExperts(experts=3)
     with pytest.raises(ValueError, match="`W` must have at most 3 columns"):
@@ -360,6 +360,61 @@ def test_constructor_errors():
     # A 1-D `values` means one output.
     s = nqfjax.QKAttention(values=jnp.arange(5.0))
     assert (s.T, s.k, s.input_shape) == (5, 1, (5, 3))
+
+
+_STATIC_INT = "must be a static Python int"
+
+
+@pytest.mark.parametrize(
+    "make, name, message",
+    [
+        (lambda: nqfjax.Perceptron(d=2.5), "d", _STATIC_INT),
+        (lambda: nqfjax.Perceptron(k=np.float64(2)), "k", _STATIC_INT),
+        (lambda: nqfjax.Perceptron(d=True), "d", _STATIC_INT),
+        (lambda: nqfjax.Perceptron(k=0), "k", "must be >= 1"),
+        (lambda: nqfjax.QuadraticNet(d=4.0), "d", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(T=4.5), "T", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(d=1.5), "d", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(k=2.0), "k", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(query=1.0), "query", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(query=True), "query", _STATIC_INT),
+        (lambda: nqfjax.QKAttention(softmax=1), "softmax", "must be a bool"),
+        (
+            lambda: nqfjax.QKAttention(temperature="hot"),
+            "temperature",
+            "must be finite",
+        ),
+        (lambda: nqfjax.OVAttention(T=2.5), "T", _STATIC_INT),
+        (lambda: nqfjax.OVAttention(d=0), "d", "must be >= 1"),
+        (lambda: nqfjax.OVAttention(k=1.5), "k", _STATIC_INT),
+        (lambda: nqfjax.OVAttention(query=-1.0), "query", _STATIC_INT),
+        (lambda: nqfjax.OVAttention(learn_qk="yes"), "learn_qk", "must be a bool"),
+        (lambda: nqfjax.MixtureOfExperts(experts=2.5), "experts", _STATIC_INT),
+        (lambda: nqfjax.MixtureOfExperts(d=3.0), "d", _STATIC_INT),
+        (lambda: nqfjax.MixtureOfExperts(k=-1), "k", "must be >= 1"),
+        (lambda: nqfjax.Conv1D(length=8.5), "length", _STATIC_INT),
+        (lambda: nqfjax.Conv1D(kernel_size=3.0), "kernel_size", _STATIC_INT),
+        (lambda: nqfjax.Conv1D(stride=1.5), "stride", _STATIC_INT),
+        (lambda: nqfjax.Conv1D(pool="False"), "pool", "must be a bool"),
+    ],
+)
+def test_integer_and_flag_arguments(make, name, message):
+    """Sizes, indices and flags fix shapes and branches: a float, a bool for an
+    int or a string for a bool is refused, naming the argument (a float such as
+    2.5 would otherwise surface as a shape error far away, "False" would count as
+    true). They are static, so the same holds when built inside `jit`."""
+    with pytest.raises(ValueError, match=f"`{name}` {message}"):
+        make()
+    with pytest.raises(ValueError, match=f"`{name}` {message}"):
+        jax.jit(lambda x: (make(), x)[1])(0.0)
+
+
+def test_integer_arguments_are_normalised():
+    # numpy integers are accepted and stored as Python ints (hashable statics)
+    s = nqfjax.Conv1D(length=np.int64(9), kernel_size=np.int32(3), pool=np.bool_(1))
+    assert (type(s.length), type(s.kernel_size), type(s.pool)) == (int, int, bool)
+    assert s == nqfjax.Conv1D(length=9, kernel_size=3, pool=True)
+    assert nqfjax.QKAttention(query=np.int64(-2)).query == -2
 
 
 def test_closed_forms_follow_the_table():

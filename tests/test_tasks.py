@@ -275,8 +275,19 @@ def test_task_bad_input():
         nqfjax.task_from_samples(
             structure, np.where(np.eye(4, 3) > 0, np.nan, xs), np.ones((4, 2))
         )
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="`batch_size` must be >= 1"):
         nqfjax.task_from_samples(structure, xs, np.ones((4, 2)), batch_size=0)
+    with pytest.raises(ValueError, match="`batch_size` must be a static Python int"):
+        nqfjax.task_from_samples(structure, xs, np.ones((4, 2)), batch_size=1.5)
+    # batch_size fixes the chunk shape: refused at trace time under jit too
+    with pytest.raises(ValueError, match="`batch_size` must be a static Python int"):
+        jax.jit(
+            lambda xs: (
+                nqfjax.task_from_samples(
+                    structure, xs, jnp.ones((4, 2)), batch_size=2.0
+                ).C
+            )
+        )(xs)
     with pytest.raises(ValueError, match="p"):
         nqfjax.power_law_task(0, 1.0, 1.0)
     with pytest.raises(ValueError, match="alpha"):
@@ -286,3 +297,38 @@ def test_task_bad_input():
         task.loss(np.eye(4))  # mismatched p
     with pytest.raises(ValueError, match="X"):
         task.K(np.eye(2))
+
+
+@pytest.mark.parametrize(
+    "alpha, beta, match",
+    [
+        (-1.0, 2.0, r"`alpha` must be > 0"),
+        (0.0, 1.0, r"`alpha` must be > 0"),
+        (1.0, 0.0, r"`alpha \+ 2 beta` must be > 1"),
+        (0.5, 0.2, r"`alpha \+ 2 beta` must be > 1"),
+        (2.0, -0.6, r"`alpha \+ 2 beta` must be > 1"),
+    ],
+)
+def test_power_law_task_exponent_range(alpha, beta, match):
+    """Outside alpha > 0, alpha + 2 beta > 1 there is no power law (the range of
+    `power_law_exponent`): refused eagerly, under jit, and under vmap when one
+    member of the batch is out of range."""
+    with pytest.raises(ValueError, match=match):
+        nqfjax.power_law_task(4, alpha, beta)
+    y2 = lambda a, b: nqfjax.power_law_task(4, a, b).y2
+    with pytest.raises(eqx.EquinoxRuntimeError, match=match):
+        eqx.filter_jit(y2)(alpha, beta)
+    with pytest.raises(eqx.EquinoxRuntimeError, match=match):
+        eqx.filter_jit(jax.vmap(y2))(jnp.array([1.0, alpha]), jnp.array([0.5, beta]))
+    # the boundary cases just inside are accepted, and give the same task
+    # eagerly and under jit
+    np.testing.assert_allclose(
+        y2(1e-3, 0.5 + 1e-3), eqx.filter_jit(y2)(1e-3, 0.5 + 1e-3), rtol=1e-14
+    )
+
+
+def test_power_law_task_p_must_be_an_int():
+    with pytest.raises(ValueError, match="`p` must be a static Python int"):
+        nqfjax.power_law_task(4.0, 1.0, 0.5)
+    with pytest.raises(ValueError, match="`p` must be >= 1"):
+        nqfjax.power_law_task(0, 1.0, 0.5)

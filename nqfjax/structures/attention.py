@@ -8,8 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import is_concrete
-from .base import AbstractStructure, check_input, check_unit, check_weights
+from .._checks import is_concrete, static_int
+from .base import (
+    AbstractStructure,
+    check_input,
+    check_unit,
+    check_weights,
+    flag,
+    size,
+)
 
 
 def _default_values(T: int, k: int) -> Float[Array, "T k"]:
@@ -19,19 +26,28 @@ def _default_values(T: int, k: int) -> Float[Array, "T k"]:
     return jnp.asarray(np.sin(1.0 + b * (j + 1.0)))
 
 
-def _check_query(query: int, T: int) -> None:
-    if not isinstance(query, int | np.integer) or not -T <= query < T:
+def _check_query(query: int, T: int) -> int:
+    """`query` as a Python int in `[-T, T)`."""
+    query = static_int("query", query, minimum=-T)
+    if query >= T:
         raise ValueError(
             f"`query` must be an integer token index in [-T, T) = [{-T}, {T}), "
             f"got {query!r}."
         )
+    return query
 
 
-def _check_temperature(temperature) -> None:
-    if not (np.isfinite(temperature) and temperature > 0):
+def _temperature(temperature) -> float:
+    """`temperature` as a finite float `> 0`."""
+    try:
+        value = float(temperature)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(temperature, bool) or not (np.isfinite(value) and value > 0):
         raise ValueError(
             f"`temperature` must be finite and strictly positive, got {temperature!r}."
         )
+    return value
 
 
 def _pair_block(left, right, dtype, p: int, offset: int = 0):
@@ -101,14 +117,17 @@ class QKAttention(AbstractStructure):
         softmax: bool = True,
         temperature: float = 1.0,
     ):
+        T = None if T is None else static_int("T", T)
+        k = None if k is None else static_int("k", k)
         if values is None:
             values = _default_values(4 if T is None else T, 1 if k is None else k)
         values = jnp.asarray(values)
         if values.ndim == 1:
             values = values[:, None]
-        if values.ndim != 2:
+        if values.ndim != 2 or values.shape[0] < 1 or values.shape[1] < 1:
             raise ValueError(
-                f"`values` must have shape (T, k) or (T,), got {values.shape}."
+                "`values` must have shape (T, k) or (T,) with T, k >= 1, got "
+                f"{values.shape}."
             )
         if T is not None and values.shape[0] != T:
             raise ValueError(
@@ -121,16 +140,12 @@ class QKAttention(AbstractStructure):
         if not jnp.issubdtype(values.dtype, jnp.floating):
             values = values.astype(float)
         self.values = values
-        self.d = d
-        self.query = query
-        self.softmax = bool(softmax)
-        self.temperature = float(temperature)
+        self.d = static_int("d", d)
+        self.query = _check_query(query, values.shape[0])
+        self.softmax = flag("softmax")(softmax)
+        self.temperature = _temperature(temperature)
 
     def __check_init__(self):
-        if self.d < 1 or self.T < 1:
-            raise ValueError(f"`d` and `T` must be >= 1, got d={self.d}, T={self.T}.")
-        _check_query(self.query, self.T)
-        _check_temperature(self.temperature)
         if is_concrete(self.values) and not np.all(np.isfinite(self.values)):
             raise ValueError("`values` contains NaN or inf.")
 
@@ -233,21 +248,15 @@ class OVAttention(AbstractStructure):
     - `temperature`: `tau > 0` of the softmax (default 1).
     """
 
-    T: int = eqx.field(static=True, default=4)
-    d: int = eqx.field(static=True, default=3)
-    k: int = eqx.field(static=True, default=1)
+    T: int = eqx.field(static=True, default=4, converter=size("T"))
+    d: int = eqx.field(static=True, default=3, converter=size("d"))
+    k: int = eqx.field(static=True, default=1, converter=size("k"))
     query: int = eqx.field(static=True, default=-1)
-    learn_qk: bool = eqx.field(static=True, default=False)
-    temperature: float = eqx.field(static=True, default=1.0)
+    learn_qk: bool = eqx.field(static=True, default=False, converter=flag("learn_qk"))
+    temperature: float = eqx.field(static=True, default=1.0, converter=_temperature)
 
     def __check_init__(self):
-        if self.T < 1 or self.d < 1 or self.k < 1:
-            raise ValueError(
-                f"`T`, `d` and `k` must be >= 1, got T={self.T}, d={self.d}, "
-                f"k={self.k}."
-            )
         _check_query(self.query, self.T)
-        _check_temperature(self.temperature)
 
     @property
     def p(self) -> int:

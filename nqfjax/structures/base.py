@@ -56,16 +56,19 @@ sample instead of `O(p^2)` -- and should check the override against the default
 """
 
 import abc
+import functools
 import os
 import sys
 import warnings
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_shape
+from .._checks import check_shape, static_int
 
 
 class AbstractStructure(eqx.Module):
@@ -231,6 +234,28 @@ class AbstractStructure(eqx.Module):
 
 #: The name nqfjax used before `AbstractStructure`; kept as an alias.
 Structure = AbstractStructure
+
+
+# --------------------------------------------------------------------------------
+# Converters of the built-in structures' static fields (`eqx.field(converter=...)`)
+
+
+def size(name: str, minimum: int = 1) -> Callable[[object], int]:
+    """A converter to a Python int `>= minimum`: `ValueError` naming `name` for a
+    float (`d=2.5`), a bool or a smaller value (sizes fix array shapes)."""
+    return functools.partial(static_int, name, minimum=minimum)
+
+
+def flag(name: str) -> Callable[[object], bool]:
+    """A converter to a Python bool: `ValueError` naming `name` for anything but a
+    bool (`pool="False"` would otherwise count as true)."""
+
+    def convert(value) -> bool:
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"`{name}` must be a bool, got {value!r}.")
+        return bool(value)
+
+    return convert
 
 
 # --------------------------------------------------------------------------------

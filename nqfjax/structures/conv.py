@@ -7,7 +7,14 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .base import AbstractStructure, check_input, check_unit, check_weights
+from .base import (
+    AbstractStructure,
+    check_input,
+    check_unit,
+    check_weights,
+    flag,
+    size,
+)
 from .perceptron import _slope_at_zero
 
 
@@ -41,18 +48,13 @@ class Conv1D(AbstractStructure):
       `jnp.tanh`).
     """
 
-    length: int = eqx.field(static=True, default=8)
-    kernel_size: int = eqx.field(static=True, default=3)
-    stride: int = eqx.field(static=True, default=1)
-    pool: bool = eqx.field(static=True, default=False)
+    length: int = eqx.field(static=True, default=8, converter=size("length"))
+    kernel_size: int = eqx.field(static=True, default=3, converter=size("kernel_size"))
+    stride: int = eqx.field(static=True, default=1, converter=size("stride"))
+    pool: bool = eqx.field(static=True, default=False, converter=flag("pool"))
     activation: Callable = eqx.field(static=True, default=jnp.tanh)
 
     def __check_init__(self):
-        if self.kernel_size < 1 or self.stride < 1:
-            raise ValueError(
-                f"`kernel_size` and `stride` must be >= 1, got "
-                f"kernel_size={self.kernel_size}, stride={self.stride}."
-            )
         if self.length < self.kernel_size:
             raise ValueError(
                 f"`length` must be >= `kernel_size` = {self.kernel_size}, got "

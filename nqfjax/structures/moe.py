@@ -7,7 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .base import AbstractStructure, check_input, check_unit, check_weights
+from .base import AbstractStructure, check_input, check_unit, check_weights, size
 from .perceptron import _slope_at_zero
 
 
@@ -53,18 +53,13 @@ class MixtureOfExperts(AbstractStructure):
       `sigma'(0) != 0` (default `jnp.tanh`).
     """
 
-    d: int = eqx.field(static=True, default=3)
-    k: int = eqx.field(static=True, default=1)
-    experts: int = eqx.field(static=True, default=4)
+    d: int = eqx.field(static=True, default=3, converter=size("d"))
+    k: int = eqx.field(static=True, default=1, converter=size("k"))
+    experts: int = eqx.field(static=True, default=4, converter=size("experts"))
     gate: Literal["softmax", "factor"] = eqx.field(static=True, default="softmax")
     activation: Callable = eqx.field(static=True, default=jnp.tanh)
 
     def __check_init__(self):
-        if self.d < 1 or self.k < 1 or self.experts < 1:
-            raise ValueError(
-                f"`d`, `k` and `experts` must be >= 1, got d={self.d}, k={self.k}, "
-                f"experts={self.experts}."
-            )
         if self.gate not in ("softmax", "factor"):
             raise ValueError(
                 f'`gate` must be "softmax" or "factor", got {self.gate!r}.'

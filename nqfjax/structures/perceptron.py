@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import AbstractStructure, check_input, check_unit, check_weights
+from .base import AbstractStructure, check_input, check_unit, check_weights, size
 
 
 def _slope_at_zero(activation: Callable) -> float:
@@ -58,13 +58,11 @@ class Perceptron(AbstractStructure):
       (default `jnp.tanh`); anything else raises `ValueError`.
     """
 
-    d: int = eqx.field(static=True, default=4)
-    k: int = eqx.field(static=True, default=2)
+    d: int = eqx.field(static=True, default=4, converter=size("d"))
+    k: int = eqx.field(static=True, default=2, converter=size("k"))
     activation: Callable = eqx.field(static=True, default=jnp.tanh)
 
     def __check_init__(self):
-        if self.d < 1 or self.k < 1:
-            raise ValueError(f"`d` and `k` must be >= 1, got d={self.d}, k={self.k}.")
         _slope_at_zero(self.activation)
 
     @property

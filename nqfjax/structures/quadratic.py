@@ -5,7 +5,7 @@ from typing import final
 import equinox as eqx
 import jax.numpy as jnp
 
-from .base import AbstractStructure, check_input, check_unit, check_weights
+from .base import AbstractStructure, check_input, check_unit, check_weights, size
 
 
 @final
@@ -19,11 +19,7 @@ class QuadraticNet(AbstractStructure):
     - `d`: input dimension (default 4).
     """
 
-    d: int = eqx.field(static=True, default=4)
-
-    def __check_init__(self):
-        if self.d < 1:
-            raise ValueError(f"`d` must be >= 1, got {self.d}.")
+    d: int = eqx.field(static=True, default=4, converter=size("d"))
 
     @property
     def k(self) -> int:

@@ -1,14 +1,16 @@
 r"""Independent modes with power-law spectra (`power_law_task`): the task whose
 Lotka-Volterra reduction gives a power law in time."""
 
+import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import (
     check_shape,
     finite,
+    is_concrete,
     positive,
+    static_int,
 )
 from .base import Task
 from .lotka_volterra import LotkaVolterra
@@ -78,7 +80,7 @@ class PowerLawTask(Task):
 
 def power_law_task(p: int, alpha, beta, *, dtype=None) -> PowerLawTask:
     r"""Independent modes with $\lambda_k = k^{-\alpha}$ and
-    $m^\star_k = k^{-\beta}$, `k = 1..p` (THEORY.md section 5).
+    $m^\star_k = k^{-\beta}$, `k = 1..p` (see the documentation's theory pages).
 
     $K[X] = \mathrm{diag}(\lambda\odot\mathrm{diag}X)$,
     $C = \mathrm{diag}(\lambda \odot m^\star)$,
@@ -86,25 +88,64 @@ def power_law_task(p: int, alpha, beta, *, dtype=None) -> PowerLawTask:
     standard basis with $r_k = 4\eta k^{-(\alpha+\beta)}$,
     $B_{kk} = 4\eta k^{-\alpha}$, and the loss falls as
     $t^{-(\alpha + 2\beta - 1)/(\alpha+\beta)}$ once the steps merge.
-    `alpha` and `beta` may be traced (`jit`, `grad`).
+    `alpha` and `beta` may be traced (`jit`, `grad`, `vmap`).
+
+    The exponents must make that power law exist, the range where
+    `power_law_exponent` is defined:
+
+    - `alpha > 0`: the spectrum of `K` decays. Otherwise the largest curvature
+      $B_{kk}$ sits at the last mode and nothing has a limit as `p` grows.
+    - `alpha + 2 beta > 1`: the cost of the unlearned modes,
+      $\tfrac12\sum_k k^{-(\alpha+2\beta)}$, converges as `p` grows, so the
+      exponent is positive and the loss decays as a power law. Otherwise the
+      loss is carried by the last modes, set by the cutoff `p`, not by `t`.
+
+    Together these give `alpha + beta > 0` as well: the rates
+    $r_k \propto k^{-(\alpha+\beta)}$ decrease, so the modes switch on one
+    after another.
 
     **Arguments:**
 
-    - `p`: number of modes (a Python int).
-    - `alpha`: spectral exponent of `K`.
-    - `beta`: exponent of the target amplitudes.
+    - `p`: number of modes (a Python int `>= 1`).
+    - `alpha`: spectral exponent of `K`, finite, `> 0`.
+    - `beta`: exponent of the target amplitudes, finite, `alpha + 2 beta > 1`.
     - `dtype`: floating dtype (default: JAX's default float).
 
     **Returns:** a `PowerLawTask`.
 
-    **Raises:** `ValueError` for `p < 1` or non-finite exponents.
+    **Raises:** `ValueError` for `p` not an int `>= 1`, non-finite exponents,
+    `alpha <= 0` or `alpha + 2 beta <= 1` (under `jit`/`vmap`, the same message
+    from `eqx.error_if` at run time).
     """
-    if isinstance(p, bool) or not isinstance(p, int | np.integer) or p < 1:
-        raise ValueError(f"`p` must be a positive int, got {p!r}.")
+    p = static_int("p", p, 1)
     dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
     alpha = finite("alpha", jnp.asarray(alpha, dtype))
     beta = finite("beta", jnp.asarray(beta, dtype))
     check_shape("alpha", alpha, ())
     check_shape("beta", beta, ())
-    k = jnp.arange(1, int(p) + 1, dtype=dtype)
+    alpha, beta = _check_exponents(alpha, beta)
+    k = jnp.arange(1, p + 1, dtype=dtype)
     return PowerLawTask(k ** (-alpha), k ** (-beta))
+
+
+_ALPHA_MSG = "`alpha` must be > 0 (the spectrum lam_k = k^-alpha of K must decay)"
+_SUM_MSG = (
+    "`alpha + 2 beta` must be > 1 (the cost of the unlearned modes, "
+    "sum_k k^-(alpha + 2 beta) / 2, must converge for the loss to decay as a power "
+    "law)"
+)
+
+
+def _check_exponents(alpha, beta):
+    """`(alpha, beta)` after checking `alpha > 0` and `alpha + 2 beta > 1`,
+    eagerly or (traced) with `eqx.error_if`."""
+    if is_concrete(alpha, beta):
+        a, b = float(alpha), float(beta)
+        if not a > 0:
+            raise ValueError(f"{_ALPHA_MSG}; got alpha = {a}.")
+        if not a + 2 * b > 1:
+            raise ValueError(f"{_SUM_MSG}; got alpha + 2 beta = {a + 2 * b}.")
+        return alpha, beta
+    alpha = eqx.error_if(alpha, ~(alpha > 0), _ALPHA_MSG + ".")
+    beta = eqx.error_if(beta, ~(alpha + 2 * beta > 1), _SUM_MSG + ".")
+    return alpha, beta

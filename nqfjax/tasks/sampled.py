@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import (
     check_shape,
     finite,
+    static_int,
 )
 from .._linalg import _sym
 from ..structures.base import AbstractStructure
@@ -160,13 +161,13 @@ def task_from_samples(
     - `xs`: inputs, shape `(n, *structure.input_shape)`.
     - `ys`: targets, shape `(n, k)` (`(n,)` is accepted when `k = 1`).
     - `subtract_offset`: subtract `f(x; 0)` from `ys` (default `True`).
-    - `batch_size`: samples per chunk when applying `K` (default: chunks of about
-      `2^21` numbers).
+    - `batch_size`: samples per chunk when applying `K`, a Python int `>= 1`
+      (default: chunks of about `2^21` numbers, see `structure.sample_size()`).
 
     **Returns:** a `Task` with `p = structure.p`.
 
-    **Raises:** `ValueError` for shapes that do not match the structure, `n = 0`
-    or NaN in `xs` or `ys`.
+    **Raises:** `ValueError` for shapes that do not match the structure, `n = 0`,
+    NaN in `xs` or `ys`, or a `batch_size` that is not an int `>= 1`.
     """
     if not isinstance(structure, AbstractStructure):
         raise ValueError(
@@ -194,6 +195,6 @@ def task_from_samples(
         offsets = jnp.zeros_like(ys)
     if batch_size is None:
         batch_size = _default_batch_size(n, structure)
-    elif int(batch_size) < 1:
-        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
-    return SampledTask(structure, xs, ys, offsets, int(min(batch_size, n)))
+    else:
+        batch_size = static_int("batch_size", batch_size, 1)
+    return SampledTask(structure, xs, ys, offsets, min(batch_size, n))
