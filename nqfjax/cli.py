@@ -1,10 +1,11 @@
 """The `nqfjax` command: a thin shell over the library.
 
-`nqfjax demo` calls `nqfjax.report.run_demo`; `nqfjax sweep` and `nqfjax fit` call
-`nqfjax.experiment` (`load_sweep_config` + `run_sweep_config`, and
-`fit_curve_file`). Bad input (a malformed config or CSV, a checkpoint from another
-configuration) ends with a one-line `nqfjax: error: ...` on stderr and exit
-status 2.
+`nqfjax demo` calls `nqfjax.run_demo`; `nqfjax sweep` calls `nqfjax.load_sweep_config`
+and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Bad
+input (a malformed config or CSV, a checkpoint from another configuration or
+one that cannot be read) ends with a one-line
+`nqfjax: error: ...` on stderr and exit status 2; an interrupt (SIGINT, Ctrl-C)
+with exit status 130, a sweep's checkpoint whole.
 """
 
 import argparse
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nqfjax
+from nqfjax.sweep import defer_interrupts
 
 
 _DESCRIPTION = """\
@@ -215,10 +217,14 @@ def _sweep(args) -> None:
     # validated before anything is written
     config = nqfjax.load_sweep_config(args.config)
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
-    summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
-    chunks, files = summary["chunks"], summary["files"]
+    # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
+    with defer_interrupts():
+        summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
+    for note in summary["checkpoint_warnings"]:
+        print(f"nqfjax: warning: {note}", file=sys.stderr)
+    chunks, files, runs = summary["chunks"], summary["files"], summary["runs"]
     print(
-        f"nqfjax sweep: {len(summary['runs'])} runs; {chunks['computed']} chunks "
+        f"nqfjax sweep: {len(runs)} runs; {chunks['computed']} chunks "
         f"computed, {chunks['loaded']} loaded from the checkpoint"
     )
     for name in ("results", "summary", "figure"):

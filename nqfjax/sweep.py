@@ -193,11 +193,16 @@ class _Deferred:
         if self.pending:
             raise KeyboardInterrupt
         self.pending = True
-        tqdm.write(
-            "nqfjax: interrupted: stopping once the chunk in progress is saved "
-            "(press Ctrl-C again to stop at once)",
-            file=sys.stderr,
+        # os.write, not print: the main thread may be inside a write to stderr
+        # (a progress bar), and a buffered stream refuses a reentrant write
+        message = (
+            "\nnqfjax: interrupted: stopping once the chunk in progress is saved "
+            "(press Ctrl-C again to stop at once)\n"
         )
+        try:
+            os.write(sys.stderr.fileno(), message.encode())
+        except (AttributeError, OSError, ValueError):  # no file descriptor
+            pass
 
 
 @contextlib.contextmanager
