@@ -1,9 +1,10 @@
 """The `nqfjax` command: a thin shell over the library.
 
 `nqfjax demo` calls `nqfjax.run_demo`; `nqfjax sweep` calls `nqfjax.load_sweep_config`
-and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Bad
-input (a malformed config or CSV, a checkpoint from another configuration or
-one that cannot be read) ends with a one-line
+and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Every
+command checks its output folder before any work. Bad input (a malformed config
+or CSV, an output folder that cannot be written, a checkpoint from another
+configuration or one that cannot be read) ends with a one-line
 `nqfjax: error: ...` on stderr and exit status 2; an interrupt (SIGINT, Ctrl-C)
 with exit status 130, a sweep's checkpoint whole.
 """
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import nqfjax
+from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
 
 
@@ -197,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo(args) -> None:
+    check_output_dir(args.out, "--out")
     report = nqfjax.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
@@ -217,6 +220,7 @@ def _sweep(args) -> None:
     # validated before anything is written
     config = nqfjax.load_sweep_config(args.config)
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
+    check_output_dir(out, "--out")
     # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
     with defer_interrupts():
         summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
@@ -239,6 +243,7 @@ def _fit(args) -> None:
     if args.modes < 1:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
+    check_output_dir(out, "--out")
     summary = nqfjax.fit_curve_file(
         args.curve,
         out,

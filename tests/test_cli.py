@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import jax
 import jax.random as jr
@@ -559,3 +560,78 @@ def test_sigint_always_exits_130_with_the_checkpoint_whole(tmp_path):
     assert a["loss"].shape == (1, 1, 4, 2, 3, 12)
     np.testing.assert_array_equal(a["loss"], b["loss"])
     assert np.all(np.isfinite(a["loss"]))
+
+
+# --------------------------------------------------------------------------------
+# output folders
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Replace the work of every command by a failure: a command that reaches it
+    did not check its output folder first."""
+
+    def work(*args, **kwargs):
+        raise AssertionError("the work started before the output folder was checked")
+
+    for name in ("run_demo", "run_sweep_config", "fit_curve_file"):
+        monkeypatch.setattr(nqfjax, name, work)
+    monkeypatch.setattr(sweep_config, "sweep", work)
+
+
+def _bad_folders(tmp_path) -> dict:
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    return {
+        "under a file": (file / "out", "is not a folder"),
+        "an existing file": (file, "exists and is not a folder"),
+        "in /proc": (Path("/proc/nqfjax-out"), "cannot be created"),
+    }
+
+
+@pytest.mark.parametrize("where", ["under a file", "an existing file", "in /proc"])
+@pytest.mark.parametrize("command", ["demo", "sweep", "fit"])
+def test_unwritable_out_is_refused_before_any_work(
+    tmp_path, capsys, no_work, command, where
+):
+    if where == "in /proc" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    out, message = _bad_folders(tmp_path)[where]
+    config, csv = tmp_path / "tiny.toml", tmp_path / "curve.csv"
+    config.write_text(_TINY.format(lr=0.2))
+    csv.write_text(_csv())
+    argv = {
+        "demo": ["demo", "--quick"],
+        "sweep": ["sweep", str(config)],
+        "fit": ["fit", str(csv)],
+    }[command]
+    assert main([*argv, "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert f"--out {str(out)!r}" in line and message in line, line
+    assert not os.path.exists("/proc/nqfjax-out")
+
+
+@pytest.mark.parametrize("where", ["under a file", "an existing file", "in /proc"])
+def test_run_sweep_config_checks_its_folder_first(tmp_path, no_work, where):
+    if where == "in /proc" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    out, message = _bad_folders(tmp_path)[where]
+    config = sweep_config.parse_sweep_config(
+        {
+            "train": {"num_steps": 10},
+            "grid": {"init_scale": [0.1], "learning_rate": [0.1]},
+        }
+    )
+    with pytest.raises(
+        ValueError, match=f"out_dir {re.escape(repr(str(out)))}.*{message}"
+    ):
+        sweep_config.run_sweep_config(config, out)
+
+
+def test_good_out_folder_is_checked_without_creating_it(tmp_path):
+    from nqfjax.io import check_output_dir
+
+    new = tmp_path / "a" / "b"
+    assert check_output_dir(new) == new
+    assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
+    assert check_output_dir(tmp_path) == tmp_path and list(tmp_path.iterdir()) == []

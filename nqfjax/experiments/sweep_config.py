@@ -61,7 +61,7 @@ import numpy as np
 import optax
 
 from ..engines.train import log_spaced_steps, train
-from ..io import atomic_write, versions, write_figure, write_json
+from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
 from ..structures import (
     Conv1D,
     MixtureOfExperts,
@@ -543,16 +543,17 @@ def run_sweep_config(
     **Arguments:**
 
     - `config`: a `SweepConfig`.
-    - `out_dir`: the output folder (created if needed).
+    - `out_dir`: the output folder (created if needed; checked before any work).
     - `progress`: show a progress bar per group (tracing, compiling, chunks).
 
     **Returns:** the summary (the content of `summary.json`), with `files`
     mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
 
-    **Raises:** `ValueError` for a checkpoint from a different configuration or
-    that cannot be read (the file named); `KeyboardInterrupt` after a SIGINT.
+    **Raises:** `ValueError` for an output folder that cannot be created or
+    written, or a checkpoint from a different configuration or that cannot be
+    read (the file named); `KeyboardInterrupt` after a SIGINT.
     """
-    out = Path(out_dir)
+    out = check_output_dir(out_dir, "out_dir")
     grid, train_ = config.grid, config.train
     dtype = np.float64 if train_["precision"] == "float64" else np.float32
     axes = {
