@@ -231,8 +231,24 @@ def _sweep(args) -> None:
         f"nqfjax sweep: {len(runs)} runs; {chunks['computed']} chunks "
         f"computed, {chunks['loaded']} loaded from the checkpoint"
     )
+    diverged = summary["diverged"]
+    if diverged["count"]:
+        print(
+            f"  diverged: {diverged['count']} of {len(runs)} runs (divergence is a "
+            f"result: {diverged['criterion']}):"
+        )
+        for k in diverged["runs"][:_MAX_LISTED]:
+            run = runs[k]
+            point = ", ".join(f"{key}={run[key]}" for key in _GRID_KEYS)
+            print(f"    {point} (from step {run['step_diverged']:g})")
+        if diverged["count"] > _MAX_LISTED:
+            print(f"    ... and {diverged['count'] - _MAX_LISTED} more (see summary)")
     for name in ("results", "summary", "figure"):
         print(f"  {name + ':':9s}{files[name]}")
+
+
+_MAX_LISTED = 20
+_GRID_KEYS = ("optimizer", "architecture", "init_scale", "learning_rate", "seed")
 
 
 def _fmt(x) -> str:

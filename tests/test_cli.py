@@ -635,3 +635,48 @@ def test_good_out_folder_is_checked_without_creating_it(tmp_path):
     assert check_output_dir(new) == new
     assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
     assert check_output_dir(tmp_path) == tmp_path and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------
+# divergence
+
+
+def test_sweep_reports_diverged_runs(tmp_path, capsys):
+    config = tmp_path / "diverge.toml"
+    # gradient descent at learning rate 50 on unit-scale Gaussian inputs: far
+    # beyond 2 / (the largest curvature), so its runs blow up; 0.2 converges
+    text = _TINY.format(lr="0.2, 50.0").replace('["gd", "adam"]', '["gd"]')
+    config.write_text(text)
+    out = tmp_path / "out"
+    assert main(["sweep", str(config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    loss = np.load(out / "results.npz")["loss"][0, 0]  # (init, lr, seed, step)
+    steps = np.load(out / "results.npz")["steps"]
+
+    # the criterion, recomputed from the stored curves: not finite, or above
+    # 1000 x the loss at step 0
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(loss) | (loss > 1e3 * loss[..., :1])
+    assert bad[:, 1].any(axis=-1).all() and not bad[:, 0].any()
+    assert np.all(loss[:, 0, :, -1] < 0.5 * loss[:, 0, :, 0])  # 0.2 learns
+
+    runs = summary["runs"]
+    diverged = [k for k, run in enumerate(runs) if run["learning_rate"] == 50.0]
+    assert summary["diverged"]["count"] == 4 and summary["diverged"]["runs"] == diverged
+    assert "1000" in summary["diverged"]["criterion"]
+    for k, run in enumerate(runs):
+        assert run["diverged"] == (k in diverged)
+        if run["diverged"]:
+            s, e, r = 0 if run["init_scale"] == 1e-3 else 1, 1, run["seed"]
+            first = steps[np.argmax(bad[s, e, r])]
+            assert run["step_diverged"] == first
+        else:
+            assert run["step_diverged"] is None
+    # the command says so, naming each diverged point, and still exits 0
+    assert "diverged: 4 of 8 runs" in printed
+    for k in diverged:
+        assert (
+            f"init_scale={runs[k]['init_scale']}, learning_rate=50.0, "
+            f"seed={runs[k]['seed']} (from step {runs[k]['step_diverged']:g})"
+        ) in printed

@@ -414,12 +414,29 @@ def _group_tag(config: SweepConfig, optimizer: str, architecture: str) -> str:
     return f"nqfjax.experiment/{digest[:16]}"
 
 
+#: A run counts as diverged from the first recorded step at which its loss is not
+#: finite or exceeds `DIVERGENCE_FACTOR` times its (positive) loss at step 0.
+DIVERGENCE_FACTOR = 1e3
+
+
 def _first_below(steps: np.ndarray, loss: np.ndarray, fraction: float):
     """The first recorded step at which `loss <= fraction * loss[..., 0]`, per
     curve (NaN where it never gets there)."""
     hit = loss <= fraction * loss[..., :1]
     first = np.argmax(hit, axis=-1)
     return np.where(hit.any(axis=-1), steps[first], np.nan)
+
+
+def _diverged_at(steps: np.ndarray, loss: np.ndarray):
+    """The first recorded step at which a curve diverged (see `DIVERGENCE_FACTOR`),
+    per curve (NaN where it did not)."""
+    initial = loss[..., :1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~np.isfinite(loss) | (
+            (initial > 0) & (loss > DIVERGENCE_FACTOR * initial)
+        )
+    first = np.argmax(bad, axis=-1)
+    return np.where(bad.any(axis=-1), steps[first], np.nan)
 
 
 def _run_groups(config, out, points, shape, steps, progress, interrupted):
@@ -485,11 +502,12 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
     return loss, counts, notes
 
 
-def _runs(config, steps, loss) -> list[dict]:
-    """Per run its grid point, initial and final loss and the step where the loss
-    halved."""
+def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
+    """Per run its grid point, initial and final loss, the step where the loss
+    halved and where it diverged; and the indices of the diverged runs."""
     grid = config.grid
     halved = _first_below(steps, loss, 0.5)
+    diverged = _diverged_at(steps, loss)
     runs = []
     for idx in np.ndindex(loss.shape[:-1]):
         o, a, s, e, r = idx
@@ -503,9 +521,11 @@ def _runs(config, steps, loss) -> list[dict]:
                 "initial_loss": float(loss[idx][0]),
                 "final_loss": float(loss[idx][-1]),
                 "step_loss_halved": float(halved[idx]),
+                "diverged": bool(np.isfinite(diverged[idx])),
+                "step_diverged": float(diverged[idx]),
             }
         )
-    return runs
+    return runs, [k for k, run in enumerate(runs) if run["diverged"]]
 
 
 def run_sweep_config(
@@ -528,6 +548,10 @@ def run_sweep_config(
     checkpoint whole. The work runs in the precision `train.precision` whatever
     the global `jax_enable_x64` setting.
 
+    A run *diverged* from the first recorded step at which its loss is not finite
+    or above `DIVERGENCE_FACTOR` (1000) times its loss at step 0; divergence is a
+    result, not an error: such runs are counted and listed in the summary.
+
     Written to `out_dir` (each file atomically, after the whole grid is done):
 
     - `results.npz`: `loss` of shape `(n_optimizer, n_architecture,
@@ -536,8 +560,10 @@ def run_sweep_config(
       `learning_rate`, `seed`;
     - `summary.json`: the configuration, library versions, the chunk counts
       (computed, loaded from the checkpoint, and the damaged chunk files
-      recomputed, with `checkpoint_warnings` saying why), and per run the
-      initial and final loss and the first step at which the loss halved;
+      recomputed, with `checkpoint_warnings` saying why), per run the initial
+      and final loss, the first step at which the loss halved and the step at
+      which it diverged (`null` if it did not), and `diverged` (the criterion,
+      the count and the indices of the diverged runs in `runs`);
     - `loss_curves.png`: the loss curves, one panel per group.
 
     **Arguments:**
@@ -569,7 +595,7 @@ def run_sweep_config(
         loss, counts, notes = _run_groups(
             config, out, points, shape, steps, progress, interrupted
         )
-    runs = _runs(config, steps, loss)
+    runs, diverged = _runs(config, steps, loss)
     files = {
         "results": "results.npz",
         "summary": "summary.json",
@@ -591,6 +617,12 @@ def run_sweep_config(
         "steps": steps,
         "chunks": counts,
         "checkpoint_warnings": notes,
+        "diverged": {
+            "criterion": "a recorded loss not finite or above "
+            f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
+            "count": len(diverged),
+            "runs": diverged,
+        },
         "runs": runs,
         "files": files,
     }
