@@ -11,6 +11,7 @@ import time
 import warnings
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -391,3 +392,38 @@ def test_checkpoint_that_is_a_file_is_refused(tmp_path):
     file.write_text("x")
     with pytest.raises(ValueError, match="is not a folder"):
         nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=file)
+
+
+# --------------------------------------------------------------------------------
+# the compiled program is kept across calls
+
+
+def test_second_call_compiles_nothing():
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    @eqx.debug.assert_max_traces(max_traces=1)
+    def fn(x, k):
+        return {"y": jnp.sin(x) * k}
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        x, k = np.linspace(0.0, 1.0, 6), np.arange(6)
+        first = nqfjax.sweep(fn, {"x": x, "k": k}, chunk=3, progress=False)
+        assert compiled  # the first call compiled the chunk program ...
+        n_compiled = len(compiled)
+        # ... a second call with the same function and shapes, other values,
+        # traces nothing (assert_max_traces) and compiles nothing
+        second = nqfjax.sweep(fn, {"x": x + 1, "k": k[::-1]}, chunk=3, progress=False)
+        assert len(compiled) == n_compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    # float64 sin on the same values: equal to numpy's within a few ulp
+    np.testing.assert_allclose(first.outputs["y"], np.sin(x) * k, rtol=1e-15)
+    np.testing.assert_allclose(second.outputs["y"], np.sin(x + 1) * k[::-1], rtol=1e-15)
+    # other shapes (chunks of 2) are another program: fn is traced again
+    with pytest.raises(RuntimeError, match="traced"):
+        nqfjax.sweep(fn, {"x": x, "k": k}, chunk=2, progress=False)
