@@ -491,7 +491,8 @@ def sweep(
             }
             writer = not multi or jax.process_index() == 0
             ckpt = Checkpoint(checkpoint, fingerprint, meta, writer=writer)
-        bar.set_postfix_str("reading the checkpoint")
+        if multi or ckpt is not None:
+            bar.set_postfix_str("reading the checkpoint")
         if multi:
             results, damaged = sync_chunks(ckpt, n_chunks, expected)
         elif ckpt is not None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -427,3 +428,39 @@ def test_second_call_compiles_nothing():
     # other shapes (chunks of 2) are another program: fn is traced again
     with pytest.raises(RuntimeError, match="traced"):
         nqfjax.sweep(fn, {"x": x, "k": k}, chunk=2, progress=False)
+
+
+# --------------------------------------------------------------------------------
+# SIGINT held back to safe points (the subprocess test is in test_cli.py)
+
+
+def _sigint():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs at the next bytecode of the main thread
+
+
+def test_defer_interrupts_holds_sigint_to_safe_points():
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+    from nqfjax.sweep import defer_interrupts
+
+    previous = signal.getsignal(signal.SIGINT)
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with defer_interrupts() as interrupted:
+            assert not interrupted()
+            _sigint()
+            assert interrupted()  # recorded, not raised
+            with defer_interrupts() as inner:  # nested: the same record, and
+                assert inner()  # leaving it raises nothing
+            reached = True
+    assert reached  # ... the outer block raised on leaving
+    assert signal.getsignal(signal.SIGINT) is previous
+    # a second SIGINT raises at once; the handler is restored after an exception
+    with pytest.raises(KeyboardInterrupt):
+        with defer_interrupts() as interrupted:
+            _sigint()
+            assert interrupted()
+            _sigint()
+            raise AssertionError("not reached")  # pragma: no cover
+    assert signal.getsignal(signal.SIGINT) is previous
