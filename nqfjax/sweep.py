@@ -391,8 +391,10 @@ def sweep(
     and each chunk's hash, the others read those chunks from their own
     `checkpoint` folder where the hashes match (a shared file system) and receive
     the rest from process 0, so processes on hosts without a shared file system
-    agree. Only process 0 writes. A process killed mid-sweep stops the others (JAX's
-    coordination service); rerun all of them to resume.
+    agree. Only process 0 writes. A process killed mid-sweep makes the others fail
+    at their next collective; rerun all of them to resume. Without a mesh over
+    several processes, each process runs, and checkpoints, a sweep of its own
+    (give each its own folder).
 
     **Checkpointing.** With `checkpoint=path` (a folder), the folder holds a
     `manifest.json` (a fingerprint of the function name, `tag`, the grid names,
