@@ -374,16 +374,25 @@ def test_foreign_chunks_without_manifest_are_never_loaded(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "manifest",
-    [b"", b"{not json", b"\xff\xfe", b'{"fingerprint": "x"}', b'{"chunks": {}}',
-     b'{"fingerprint": "x", "chunks": {"000000": {"size": "1"}}}'],
+    "manifest, why",
+    [
+        (b"", "is corrupt"),
+        (b"{not json", "is corrupt"),
+        (b"\xff\xfe", "is corrupt"),
+        (b'{"chunks": {}, "format": 2}', "is corrupt"),
+        (b'{"fingerprint": "x", "format": 2}', "is corrupt"),
+        (b'{"fingerprint": "x", "format": 2, "chunks": {"000000": {"size": "1"}}}',
+         "is corrupt"),
+        # format 1: no "format" key, no hashes
+        (b'{"fingerprint": "x", "chunk": 2}', "written by an older nqfjax"),
+    ],
 )  # fmt: skip
-def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest):
+def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest, why):
     nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2,
                  progress=False)  # fmt: skip
     file = tmp_path / "manifest.json"
     file.write_bytes(manifest)
-    with pytest.raises(ValueError, match=re.escape(f"{file} is corrupt")):
+    with pytest.raises(ValueError, match=re.escape(f"{file} {why}")):
         nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2)
     assert file.read_bytes() == manifest  # left as it was for the user to see
 
