@@ -384,7 +384,7 @@ def test_foreign_chunks_without_manifest_are_never_loaded(tmp_path):
         (b'{"fingerprint": "x", "format": 2, "chunks": {"000000": {"size": "1"}}}',
          "is corrupt"),
         # format 1: no "format" key, no hashes
-        (b'{"fingerprint": "x", "chunk": 2}', "written by an older nqfjax"),
+        (b'{"fingerprint": "x", "chunk": 2}', "was written by an older nqfjax"),
     ],
 )  # fmt: skip
 def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest, why):
