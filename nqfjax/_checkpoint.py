@@ -127,13 +127,19 @@ class Checkpoint:
         except (UnicodeDecodeError, json.JSONDecodeError):
             old = None
         chunks = old.get("chunks") if isinstance(old, dict) else None
+        if chunks is None and isinstance(old, dict) and "format" not in old:
+            raise ValueError(
+                f"checkpoint manifest {manifest} was written by an older nqfjax, "
+                "without the chunks' hashes: delete the folder to start over."
+            )
         entries = {}
         if isinstance(chunks, dict):
             for key, entry in chunks.items():
                 if (
                     not (isinstance(key, str) and key.isdigit())
                     or not isinstance(entry, dict)
-                    or not isinstance(entry.get("size"), int)
+                    or type(entry.get("size")) is not int
+                    or entry["size"] < 0
                     or not isinstance(entry.get("sha256"), str)
                 ):
                     chunks = None

@@ -1,10 +1,12 @@
 """The `nqfjax` command: a thin shell over the library.
 
-`nqfjax demo` calls `nqfjax.report.run_demo`; `nqfjax sweep` and `nqfjax fit` call
-`nqfjax.experiment` (`load_sweep_config` + `run_sweep_config`, and
-`fit_curve_file`). Bad input (a malformed config or CSV, a checkpoint from another
-configuration) ends with a one-line `nqfjax: error: ...` on stderr and exit
-status 2.
+`nqfjax demo` calls `nqfjax.run_demo`; `nqfjax sweep` calls `nqfjax.load_sweep_config`
+and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Every
+command checks its output folder before any work. Bad input (a malformed config
+or CSV, an output folder that cannot be written, a checkpoint from another
+configuration or one that cannot be read) ends with a one-line
+`nqfjax: error: ...` on stderr and exit status 2; an interrupt (SIGINT, Ctrl-C)
+with exit status 130, a sweep's checkpoint whole.
 """
 
 import argparse
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 import nqfjax
+from nqfjax.io import check_output_dir
+from nqfjax.sweep import defer_interrupts
 
 
 _DESCRIPTION = """\
@@ -196,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo(args) -> None:
+    check_output_dir(args.out, "--out")
     report = nqfjax.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
@@ -216,14 +221,35 @@ def _sweep(args) -> None:
     # validated before anything is written
     config = nqfjax.load_sweep_config(args.config)
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
-    summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
-    chunks, files = summary["chunks"], summary["files"]
+    check_output_dir(out, "--out")
+    # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
+    with defer_interrupts():
+        summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
+    for note in summary["checkpoint_warnings"]:
+        print(f"nqfjax: warning: {note}", file=sys.stderr)
+    chunks, files, runs = summary["chunks"], summary["files"], summary["runs"]
     print(
-        f"nqfjax sweep: {len(summary['runs'])} runs; {chunks['computed']} chunks "
+        f"nqfjax sweep: {len(runs)} runs; {chunks['computed']} chunks "
         f"computed, {chunks['loaded']} loaded from the checkpoint"
     )
+    diverged = summary["diverged"]
+    if diverged["count"]:
+        print(
+            f"  diverged: {diverged['count']} of {len(runs)} runs (divergence is a "
+            f"result: {diverged['criterion']}):"
+        )
+        for k in diverged["runs"][:_MAX_LISTED]:
+            run = runs[k]
+            point = ", ".join(f"{key}={run[key]}" for key in _GRID_KEYS)
+            print(f"    {point} (from step {run['step_diverged']:g})")
+        if diverged["count"] > _MAX_LISTED:
+            print(f"    ... and {diverged['count'] - _MAX_LISTED} more (see summary)")
     for name in ("results", "summary", "figure"):
         print(f"  {name + ':':9s}{files[name]}")
+
+
+_MAX_LISTED = 20
+_GRID_KEYS = ("optimizer", "architecture", "init_scale", "learning_rate", "seed")
 
 
 def _fmt(x) -> str:
@@ -234,6 +260,7 @@ def _fit(args) -> None:
     if args.modes < 1:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
+    check_output_dir(out, "--out")
     summary = nqfjax.fit_curve_file(
         args.curve,
         out,

@@ -1,9 +1,11 @@
-"""Files: one atomic writer, JSON with NaN as `null`, figures, library versions.
+"""Files: output folders checked up front, one atomic writer, JSON with NaN as
+`null`, figures, library versions.
 
 Every file nqfjax writes (reports, figures, checkpoint chunks) goes through
 `atomic_write`: a temporary file in the same folder, flushed and synced, then
 `os.replace`d, so an interrupted run leaves either the old file or the new one,
-never half of one.
+never half of one. Every command checks its output folder with
+`check_output_dir` before doing any work.
 """
 
 import importlib.metadata
@@ -11,7 +13,9 @@ import json
 import math
 import os
 import platform
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,6 +23,44 @@ import numpy as np
 
 
 _LIBRARIES = ("nqfjax", "jax", "jaxlib", "equinox", "diffrax", "optax", "numpy")
+
+
+def check_output_dir(path: str | os.PathLike, name: str = "out_dir") -> Path:
+    """Check that `path` is, or can be made, a folder nqfjax can write to, without
+    creating anything: it is not a file, the nearest existing folder above it is a
+    folder, and a probe folder can be made (and is removed) there.
+
+    **Arguments:**
+
+    - `path`: the output folder.
+    - `name`: how error messages call it (e.g. `"--out"`).
+
+    **Returns:** `path` as a `Path`.
+
+    **Raises:** `ValueError` naming `name` and the path when the folder cannot be
+    created or written (under a file, in a read-only or virtual file system such
+    as `/proc`, or naming an existing file).
+    """
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"{name} {str(path)!r} exists and is not a folder.")
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(
+            f"{name} {str(path)!r} cannot be created: {str(existing)!r} is not a "
+            "folder."
+        )
+    try:  # the only sure test of "writable" (root passes os.access in /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".nqfjax-probe-", dir=existing))
+    except OSError as e:
+        where = "written to" if existing == path else "created"
+        raise ValueError(
+            f"{name} {str(path)!r} cannot be {where}: making a folder in "
+            f"{str(existing)!r} failed ({e.strerror or e})."
+        ) from None
+    return path
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:

@@ -193,11 +193,16 @@ class _Deferred:
         if self.pending:
             raise KeyboardInterrupt
         self.pending = True
-        tqdm.write(
-            "nqfjax: interrupted: stopping once the chunk in progress is saved "
-            "(press Ctrl-C again to stop at once)",
-            file=sys.stderr,
+        # os.write, not print: the main thread may be inside a write to stderr
+        # (a progress bar), and a buffered stream refuses a reentrant write
+        message = (
+            "\nnqfjax: interrupted: stopping once the chunk in progress is saved "
+            "(press Ctrl-C again to stop at once)\n"
         )
+        try:
+            os.write(sys.stderr.fileno(), message.encode())
+        except (AttributeError, OSError, ValueError):  # no file descriptor
+            pass
 
 
 @contextlib.contextmanager
@@ -386,8 +391,10 @@ def sweep(
     and each chunk's hash, the others read those chunks from their own
     `checkpoint` folder where the hashes match (a shared file system) and receive
     the rest from process 0, so processes on hosts without a shared file system
-    agree. Only process 0 writes. A process killed mid-sweep stops the others (JAX's
-    coordination service); rerun all of them to resume.
+    agree. Only process 0 writes. A process killed mid-sweep makes the others fail
+    at their next collective; rerun all of them to resume. Without a mesh over
+    several processes, each process runs, and checkpoints, a sweep of its own
+    (give each its own folder).
 
     **Checkpointing.** With `checkpoint=path` (a folder), the folder holds a
     `manifest.json` (a fingerprint of the function name, `tag`, the grid names,
@@ -486,7 +493,8 @@ def sweep(
             }
             writer = not multi or jax.process_index() == 0
             ckpt = Checkpoint(checkpoint, fingerprint, meta, writer=writer)
-        bar.set_postfix_str("reading the checkpoint")
+        if multi or ckpt is not None:
+            bar.set_postfix_str("reading the checkpoint")
         if multi:
             results, damaged = sync_chunks(ckpt, n_chunks, expected)
         elif ckpt is not None:

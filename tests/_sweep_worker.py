@@ -1,14 +1,24 @@
-"""Subprocess worker for the kill-and-resume test of `nqfjax.sweep` (test_sweep.py).
+"""Subprocess worker for the kill-and-resume tests of `nqfjax.sweep`
+(test_sweep.py, test_distributed.py).
 
-Usage: `python tests/_sweep_worker.py CHECKPOINT LOG OUT GATE`.
+Usage: `python tests/_sweep_worker.py CHECKPOINT LOG OUT GATE [options]`.
 
-Runs `sweep(point, GRID, checkpoint=CHECKPOINT, chunk=CHUNK)`. Every evaluated grid
-point appends its index to LOG (through `jax.debug.callback`, so the log counts real
-evaluations, not traces). Points of chunk 2 and later block until the file GATE
-exists, so a first run can be killed deterministically while chunk 2 is in flight.
-The outputs are saved to OUT (npz) with the chunk counts.
+Runs `sweep(point, GRID, checkpoint=CHECKPOINT, chunk=CHUNK)` (no checkpoint if
+CHECKPOINT is empty), over a mesh of every device (`jax.devices()`) when there is
+more than one. Every evaluated grid point appends its index to LOG (through
+`jax.debug.callback`, so the log counts real evaluations, not traces). Points of
+chunk 2 and later block until the file GATE exists, so a first run can be killed
+deterministically while chunk 2 is in flight. The outputs are saved to OUT (npz)
+with the chunk counts.
+
+Options: `--process I --processes N --port P` join a multi-process run through
+`jax.distributed.initialize` with its coordinator on 127.0.0.1:P; `--shift X`
+adds X to the grid's `log_sigma` (a process called with another grid); `--dump
+DIR` has process 0 write the optimized chunk program of the sweep (`sweep.hlo`)
+and of a plain sharded `jit` of the same function (`jit.hlo`) to DIR.
 """
 
+import argparse
 import os
 import sys
 import time
@@ -27,13 +37,15 @@ GRID = {"index": np.arange(N), "log_sigma": np.linspace(-8.0, -2.0, N)}
 
 def make_point(log_path: str | None, gate: str | None):
     """The swept function of one point: a small logistic-mode loss curve, computed
-    by 200 explicit Euler steps of two independent LV modes from `m0 = sigma^2`."""
+    by 200 explicit Euler steps of two independent LV modes from `m0 = sigma^2`,
+    and the number of steps until the loss halves (a while loop whose trip count
+    depends on the point, as an adaptive solver's does)."""
 
     def record(index):
-        if log_path is not None:
+        if log_path:
             with open(log_path, "a") as f:
                 f.write(f"{int(index)}\n")
-        if gate is not None and int(index) >= 2 * CHUNK:
+        if gate and int(index) >= 2 * CHUNK:
             while not os.path.exists(gate):
                 time.sleep(0.02)
 
@@ -42,30 +54,101 @@ def make_point(log_path: str | None, gate: str | None):
         r = jnp.array([1.0, 0.3])
         b = jnp.array([1.0, 0.5])
 
-        def step(m, _):
-            m = m + 0.05 * m * (r - b * m)
-            return m, 0.5 * jnp.sum(b * (r / b - m) ** 2)
+        def step(m):
+            return m + 0.05 * m * (r - b * m)
+
+        def loss(m):
+            return 0.5 * jnp.sum(b * (r / b - m) ** 2)
+
+        def scan_step(m, _):
+            m = step(m)
+            return m, loss(m)
 
         m0 = jnp.exp(2 * log_sigma) * jnp.ones(2)
-        _, losses = jax.lax.scan(step, m0, None, length=200)
-        return {"loss": losses[::20], "final": losses[-1]}
+        _, losses = jax.lax.scan(scan_step, m0, None, length=200)
+        _, to_half = jax.lax.while_loop(
+            lambda c: (loss(c[0]) > 0.5 * loss(m0)) & (c[1] < 100_000),
+            lambda c: (step(c[0]), c[1] + 1),
+            (m0, 0),
+        )
+        return {"loss": losses[::20], "final": losses[-1], "to_half": to_half}
 
     return point
 
 
+def _dump(point, grid, mesh, folder):
+    """The optimized HLO of the sweep's cached chunk program, and of the plain
+    sharded `jit` it replaces."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    programs = sys.modules["nqfjax.sweep"]._PROGRAMS[point]
+    (program,) = programs.values()
+    sharding = NamedSharding(mesh, PartitionSpec("sweep"))
+    inputs = {
+        name: jax.make_array_from_callback(
+            (CHUNK,), sharding, lambda s, a=a: a[:CHUNK][s]
+        )
+        for name, a in grid.items()
+    }
+    plain = jax.jit(
+        jax.vmap(lambda p: point(**p)), in_shardings=(sharding,), out_shardings=sharding
+    )
+    texts = {
+        "sweep.hlo": program.compiled().as_text(),
+        "jit.hlo": plain.lower(inputs).compile().as_text(),
+    }
+    if jax.process_index() == 0:
+        os.makedirs(folder, exist_ok=True)
+        for name, text in texts.items():
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+
+
 def main():
+    parser = argparse.ArgumentParser()
+    for name in ("checkpoint", "log", "out", "gate"):
+        parser.add_argument(name)
+    parser.add_argument("--process", type=int, default=0)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--shift", type=float, default=0.0)
+    parser.add_argument("--dump", default="")
+    args = parser.parse_args()
+    if args.processes > 1:
+        jax.distributed.initialize(
+            f"127.0.0.1:{args.port}",
+            num_processes=args.processes,
+            process_id=args.process,
+            initialization_timeout=120,
+            heartbeat_timeout_seconds=10,
+        )
+
+    from jax.sharding import Mesh
+
     from nqfjax import sweep
 
-    ckpt, log_path, out, gate = sys.argv[1:5]
+    mesh = None
+    if len(jax.devices()) > 1:
+        mesh = Mesh(np.array(jax.devices()), ("sweep",))
+    point = make_point(args.log, args.gate)
+    grid = {"index": GRID["index"], "log_sigma": GRID["log_sigma"] + args.shift}
     result = sweep(
-        make_point(log_path, gate), GRID, checkpoint=ckpt, chunk=CHUNK, progress=False
+        point,
+        grid,
+        mesh=mesh,
+        checkpoint=args.checkpoint or None,
+        chunk=CHUNK,
+        progress=False,
     )
+    if args.dump:
+        _dump(point, grid, mesh, args.dump)
     np.savez(
-        out,
-        loss=np.asarray(result.outputs["loss"]),
-        final=np.asarray(result.outputs["final"]),
+        args.out,
+        **{k: np.asarray(v) for k, v in result.outputs.items()},
         n_loaded=result.n_loaded,
         n_computed=result.n_computed,
+        devices=np.asarray(result.devices),
+        shard_size=result.shard_size,
     )
 
 

@@ -3,13 +3,18 @@ config), `fit` (plateaus, power law and spectrum of a CSV loss curve), `demo`, a
 the help of every subcommand. Commands run in-process through `nqfjax.cli.main`,
 except the interrupted sweep, which is a real subprocess killed with SIGKILL."""
 
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import jax
 import jax.random as jr
@@ -176,6 +181,7 @@ def test_sweep_interrupted_and_resumed(tmp_path, capsys):
         "total": n_chunks,
         "computed": n_chunks - len(done),
         "loaded": len(done),
+        "damaged": [],
     }
     # an uninterrupted run gives the same results
     assert main(["sweep", str(config), "--out", str(ref), "--quiet"]) == 0
@@ -225,6 +231,28 @@ def test_sweep_interrupted_and_resumed(tmp_path, capsys):
     assert main(["sweep", str(config), "--out", str(killed), "--quiet"]) == 2
     assert "different sweep" in _error_line(capsys)
     assert (killed / "results.npz").read_bytes() == before
+
+    # a damaged chunk is named on stderr and recomputed, the results unchanged
+    config.write_text(_TINY.format(lr=0.2))
+    chunk = killed / "checkpoint" / "adam-perceptron" / "chunk_000002.npz"
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    assert main(["sweep", str(config), "--out", str(killed), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nqfjax: warning: "), err
+    assert str(chunk) in err[0] and "recomputing" in err[0]
+    again = json.loads((killed / "summary.json").read_text())
+    assert again["chunks"]["computed"] == 1 and again["chunks"]["damaged"] == [
+        str(chunk)
+    ]
+    np.testing.assert_allclose(
+        np.load(killed / "results.npz")["loss"], a["loss"], rtol=1e-5, atol=1e-7
+    )
+    # a corrupt manifest cannot be recovered: one line naming it, exit 2
+    manifest = killed / "checkpoint" / "gd-perceptron" / "manifest.json"
+    manifest.write_text("{")
+    assert main(["sweep", str(config), "--out", str(killed), "--quiet"]) == 2
+    line = _error_line(capsys)
+    assert str(manifest) in line and "corrupt" in line, line
 
 
 @pytest.mark.parametrize(
@@ -402,3 +430,253 @@ def test_demo_quick_writes_every_file(tmp_path, capsys):
         worst = np.max(np.abs(measured / predicted - 1))
         np.testing.assert_allclose(worst, check["max_rel_error"], rtol=1e-9)
         assert worst <= check["tolerance"], check["name"]
+
+
+# --------------------------------------------------------------------------------
+# SIGINT
+
+
+_SIGINT_CONFIG = """\
+[data]
+n_samples = 16
+teacher_units = 2
+seed = 3
+
+[train]
+num_steps = 20000
+width = 3
+num_records = 12
+
+[grid]
+init_scale = [1e-3, 1e-2, 3e-2, 1e-1]
+learning_rate = [0.1, 0.2]
+seed = [0, 1, 2]
+
+[architectures.perceptron]
+d = 3
+k = 2
+
+[sweep]
+chunk = 1
+"""
+
+
+def _checkpoint_whole(folder) -> int:
+    """Check every chunk the manifest lists against its recorded size and SHA-256
+    (independently of nqfjax) and that no partial write is left; return how many
+    chunks are done."""
+    if not folder.exists():
+        return 0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for key, entry in manifest["chunks"].items():
+        data = (folder / f"chunk_{key}.npz").read_bytes()
+        assert len(data) == entry["size"], key
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], key
+    assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
+    return len(manifest["chunks"])
+
+
+class _Watched:
+    """A command whose stderr a thread reads, noting the sweep's progress: `begun`
+    once the progress bar appeared, `nearly_done` once at most 2 chunks are left."""
+
+    def __init__(self, argv, env, n_chunks):
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
+        self.err = b""
+        self.begun, self.nearly_done = threading.Event(), threading.Event()
+        pattern = re.compile(rb"(\d+)/%d" % n_chunks)
+
+        def read():
+            while chunk := self.proc.stderr.read1(4096):
+                self.err += chunk
+                self.begun.set()
+                done = [int(k) for k in pattern.findall(self.err[-400:])]
+                if done and max(done) >= n_chunks - 2:
+                    self.nearly_done.set()
+            self.begun.set()
+
+        self.thread = threading.Thread(target=read, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> tuple[int, str]:
+        status = self.proc.wait(timeout=300)
+        self.thread.join(timeout=60)
+        self.proc.stderr.close()
+        return status, self.err.decode(errors="replace")
+
+
+def test_sigint_always_exits_130_with_the_checkpoint_whole(tmp_path):
+    config = tmp_path / "sigint.toml"
+    config.write_text(_SIGINT_CONFIG)
+    n_chunks = 4 * 2 * 3
+    command = [sys.executable, "-m", "nqfjax.cli", "sweep", str(config), "--out"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+    # an uninterrupted run: the reference results, and how long the sweep takes
+    # (from its progress bar's first appearance: tracing, compiling, chunks)
+    ref = _Watched([*command, str(tmp_path / "ref")], env, n_chunks)
+    assert ref.begun.wait(timeout=300)
+    begun = time.monotonic()
+    status, err = ref.wait()
+    assert status == 0, err
+    duration = time.monotonic() - begun
+
+    # 20 SIGINTs at random moments of the sweep, into one output folder, so that
+    # later tries resume (the folder starts over once half the chunks are done).
+    # The moment is drawn in the first half of the sweep's duration, or, if the
+    # machine runs faster than it did for the reference, once 2 chunks are left:
+    # every signal lands in the sweep, never after it.
+    out = tmp_path / "out"
+    checkpoint = out / "checkpoint" / "gd-perceptron"
+    rng = np.random.default_rng(2024)
+    progressed = 0
+    for attempt in range(20):
+        before = _checkpoint_whole(checkpoint)
+        if before > n_chunks // 2:
+            shutil.rmtree(out)
+            before = 0
+        run = _Watched([*command, str(out)], env, n_chunks)
+        assert run.begun.wait(timeout=300), "the command printed nothing"
+        run.nearly_done.wait(timeout=rng.uniform(0.0, 0.5 * duration))
+        run.proc.send_signal(signal.SIGINT)
+        status, err = run.wait()
+        assert status == 130, (attempt, status, err[-3000:])
+        assert err.rstrip().endswith(
+            "nqfjax: interrupted; rerun the same command to resume"
+        ), err[-3000:]
+        assert "Traceback" not in err, err
+        assert not (out / "results.npz").exists()
+        progressed += _checkpoint_whole(checkpoint) > before
+    # the moments drawn reached the chunks as well as tracing and compiling: some
+    # tries saved their chunk in progress before stopping
+    assert progressed >= 1
+
+    # a resume completes, equal bit for bit to the uninterrupted run (the same
+    # compiled program on the same CPU, chunk by chunk)
+    assert subprocess.run([*command, str(out), "--quiet"], env=env).returncode == 0
+    a, b = np.load(out / "results.npz"), np.load(tmp_path / "ref" / "results.npz")
+    assert a["loss"].shape == (1, 1, 4, 2, 3, 12)
+    np.testing.assert_array_equal(a["loss"], b["loss"])
+    assert np.all(np.isfinite(a["loss"]))
+
+
+# --------------------------------------------------------------------------------
+# output folders
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Replace the work of every command by a failure: a command that reaches it
+    did not check its output folder first."""
+
+    def work(*args, **kwargs):
+        raise AssertionError("the work started before the output folder was checked")
+
+    for name in ("run_demo", "run_sweep_config", "fit_curve_file"):
+        monkeypatch.setattr(nqfjax, name, work)
+    monkeypatch.setattr(sweep_config, "sweep", work)
+
+
+def _bad_folders(tmp_path) -> dict:
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    return {
+        "under a file": (file / "out", "is not a folder"),
+        "an existing file": (file, "exists and is not a folder"),
+        "in /proc": (Path("/proc/nqfjax-out"), "cannot be created"),
+    }
+
+
+@pytest.mark.parametrize("where", ["under a file", "an existing file", "in /proc"])
+@pytest.mark.parametrize("command", ["demo", "sweep", "fit"])
+def test_unwritable_out_is_refused_before_any_work(
+    tmp_path, capsys, no_work, command, where
+):
+    if where == "in /proc" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    out, message = _bad_folders(tmp_path)[where]
+    config, csv = tmp_path / "tiny.toml", tmp_path / "curve.csv"
+    config.write_text(_TINY.format(lr=0.2))
+    csv.write_text(_csv())
+    argv = {
+        "demo": ["demo", "--quick"],
+        "sweep": ["sweep", str(config)],
+        "fit": ["fit", str(csv)],
+    }[command]
+    assert main([*argv, "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert f"--out {str(out)!r}" in line and message in line, line
+    assert not os.path.exists("/proc/nqfjax-out")
+
+
+@pytest.mark.parametrize("where", ["under a file", "an existing file", "in /proc"])
+def test_run_sweep_config_checks_its_folder_first(tmp_path, no_work, where):
+    if where == "in /proc" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    out, message = _bad_folders(tmp_path)[where]
+    config = sweep_config.parse_sweep_config(
+        {
+            "train": {"num_steps": 10},
+            "grid": {"init_scale": [0.1], "learning_rate": [0.1]},
+        }
+    )
+    with pytest.raises(
+        ValueError, match=f"out_dir {re.escape(repr(str(out)))}.*{message}"
+    ):
+        sweep_config.run_sweep_config(config, out)
+
+
+def test_good_out_folder_is_checked_without_creating_it(tmp_path):
+    from nqfjax.io import check_output_dir
+
+    new = tmp_path / "a" / "b"
+    assert check_output_dir(new) == new
+    assert not (tmp_path / "a").exists() and list(tmp_path.iterdir()) == []
+    assert check_output_dir(tmp_path) == tmp_path and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------
+# divergence
+
+
+def test_sweep_reports_diverged_runs(tmp_path, capsys):
+    config = tmp_path / "diverge.toml"
+    # gradient descent at learning rate 50 on unit-scale Gaussian inputs: far
+    # beyond 2 / (the largest curvature), so its runs blow up; 0.2 converges
+    text = _TINY.format(lr="0.2, 50.0").replace('["gd", "adam"]', '["gd"]')
+    config.write_text(text)
+    out = tmp_path / "out"
+    assert main(["sweep", str(config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    loss = np.load(out / "results.npz")["loss"][0, 0]  # (init, lr, seed, step)
+    steps = np.load(out / "results.npz")["steps"]
+
+    # the criterion, recomputed from the stored curves: not finite, or above
+    # 1000 x the loss at step 0
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(loss) | (loss > 1e3 * loss[..., :1])
+    assert bad[:, 1].any(axis=-1).all() and not bad[:, 0].any()
+    assert np.all(loss[:, 0, :, -1] < 0.5 * loss[:, 0, :, 0])  # 0.2 learns
+
+    runs = summary["runs"]
+    diverged = [k for k, run in enumerate(runs) if run["learning_rate"] == 50.0]
+    assert summary["diverged"]["count"] == 4 and summary["diverged"]["runs"] == diverged
+    assert "1000" in summary["diverged"]["criterion"]
+    for k, run in enumerate(runs):
+        assert run["diverged"] == (k in diverged)
+        if run["diverged"]:
+            s, e, r = 0 if run["init_scale"] == 1e-3 else 1, 1, run["seed"]
+            first = steps[np.argmax(bad[s, e, r])]
+            assert run["step_diverged"] == first
+        else:
+            assert run["step_diverged"] is None
+    # the command says so, naming each diverged point, and still exits 0
+    assert "diverged: 4 of 8 runs" in printed
+    for k in diverged:
+        assert (
+            f"init_scale={runs[k]['init_scale']}, learning_rate=50.0, "
+            f"seed={runs[k]['seed']} (from step {runs[k]['step_diverged']:g})"
+        ) in printed

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -372,16 +374,25 @@ def test_foreign_chunks_without_manifest_are_never_loaded(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "manifest",
-    [b"", b"{not json", b"\xff\xfe", b'{"fingerprint": "x"}', b'{"chunks": {}}',
-     b'{"fingerprint": "x", "chunks": {"000000": {"size": "1"}}}'],
+    "manifest, why",
+    [
+        (b"", "is corrupt"),
+        (b"{not json", "is corrupt"),
+        (b"\xff\xfe", "is corrupt"),
+        (b'{"chunks": {}, "format": 2}', "is corrupt"),
+        (b'{"fingerprint": "x", "format": 2}', "is corrupt"),
+        (b'{"fingerprint": "x", "format": 2, "chunks": {"000000": {"size": "1"}}}',
+         "is corrupt"),
+        # format 1: no "format" key, no hashes
+        (b'{"fingerprint": "x", "chunk": 2}', "was written by an older nqfjax"),
+    ],
 )  # fmt: skip
-def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest):
+def test_corrupt_manifest_is_refused_naming_it(tmp_path, manifest, why):
     nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2,
                  progress=False)  # fmt: skip
     file = tmp_path / "manifest.json"
     file.write_bytes(manifest)
-    with pytest.raises(ValueError, match=re.escape(f"{file} is corrupt")):
+    with pytest.raises(ValueError, match=re.escape(f"{file} {why}")):
         nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=tmp_path, chunk=2)
     assert file.read_bytes() == manifest  # left as it was for the user to see
 
@@ -391,3 +402,74 @@ def test_checkpoint_that_is_a_file_is_refused(tmp_path):
     file.write_text("x")
     with pytest.raises(ValueError, match="is not a folder"):
         nqfjax.sweep(_double, {"x": np.arange(4.0)}, checkpoint=file)
+
+
+# --------------------------------------------------------------------------------
+# the compiled program is kept across calls
+
+
+def test_second_call_compiles_nothing():
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    @eqx.debug.assert_max_traces(max_traces=1)
+    def fn(x, k):
+        return {"y": jnp.sin(x) * k}
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        x, k = np.linspace(0.0, 1.0, 6), np.arange(6)
+        first = nqfjax.sweep(fn, {"x": x, "k": k}, chunk=3, progress=False)
+        assert compiled  # the first call compiled the chunk program ...
+        n_compiled = len(compiled)
+        # ... a second call with the same function and shapes, other values,
+        # traces nothing (assert_max_traces) and compiles nothing
+        second = nqfjax.sweep(fn, {"x": x + 1, "k": k[::-1]}, chunk=3, progress=False)
+        assert len(compiled) == n_compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    # float64 sin on the same values: equal to numpy's within a few ulp
+    np.testing.assert_allclose(first.outputs["y"], np.sin(x) * k, rtol=1e-15)
+    np.testing.assert_allclose(second.outputs["y"], np.sin(x + 1) * k[::-1], rtol=1e-15)
+    # other shapes (chunks of 2) are another program: fn is traced again
+    with pytest.raises(RuntimeError, match="traced"):
+        nqfjax.sweep(fn, {"x": x, "k": k}, chunk=2, progress=False)
+
+
+# --------------------------------------------------------------------------------
+# SIGINT held back to safe points (the subprocess test is in test_cli.py)
+
+
+def _sigint():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs at the next bytecode of the main thread
+
+
+def test_defer_interrupts_holds_sigint_to_safe_points():
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+    from nqfjax.sweep import defer_interrupts
+
+    previous = signal.getsignal(signal.SIGINT)
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with defer_interrupts() as interrupted:
+            assert not interrupted()
+            _sigint()
+            assert interrupted()  # recorded, not raised
+            with defer_interrupts() as inner:  # nested: the same record, and
+                assert inner()  # leaving it raises nothing
+            reached = True
+    assert reached  # ... the outer block raised on leaving
+    assert signal.getsignal(signal.SIGINT) is previous
+    # a second SIGINT raises at once; the handler is restored after an exception
+    with pytest.raises(KeyboardInterrupt):
+        with defer_interrupts() as interrupted:
+            _sigint()
+            assert interrupted()
+            _sigint()
+            raise AssertionError("not reached")  # pragma: no cover
+    assert signal.getsignal(signal.SIGINT) is previous

@@ -49,6 +49,7 @@ import json
 import math
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,14 @@ import optax
 from .. import plots
 from .._curves import first_crossing
 from ..engines.train import log_spaced_steps, train
-from ..io import atomic_write, versions, write_figure, write_json
+from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
 from ..structures.base import Structure
 from ..structures.registry import (
     make_structure,
     structure_arguments,
     structure_names,
 )
-from ..sweep import grid_product, sweep
+from ..sweep import defer_interrupts, grid_product, sweep
 
 
 # --------------------------------------------------------------------------------
@@ -378,65 +379,38 @@ def _group_tag(config: SweepConfig, optimizer: str, architecture: str) -> str:
     return f"nqfjax.experiment/{digest[:16]}"
 
 
-def run_sweep_config(
-    config: SweepConfig, out_dir: str | os.PathLike, *, progress: bool = True
-) -> dict[str, Any]:
-    """Train the real network at every point of a configuration's grid and write
-    the results.
+#: A run counts as diverged from the first recorded step at which its loss is not
+#: finite or exceeds `DIVERGENCE_FACTOR` times its (positive) loss at step 0.
+DIVERGENCE_FACTOR = 1e3
 
-    The grid is the product of `optimizer x architecture x init_scale x
-    learning_rate x seed`. Optimizer and architecture change the program, so
-    each `(optimizer, architecture)` group is one `nqfjax.sweep` (one
-    compilation) over the product of the traced hyperparameters `init_scale`,
-    `learning_rate` and `seed`, each point a `nqfjax.train` run on the same
-    teacher data; each group checkpoints to its own subdirectory
-    `checkpoint/<optimizer>-<architecture>/`, so an interrupted run resumes by
-    calling this again with the same configuration and `out_dir` (finished
-    chunks are loaded, not recomputed; a checkpoint written with different
-    settings is refused with a `ValueError`). The work runs in the precision
-    `train.precision` whatever the global `jax_enable_x64` setting.
 
-    Written to `out_dir` (each file atomically, after the whole grid is done):
+def _diverged_at(steps: np.ndarray, loss: np.ndarray):
+    """The first recorded step at which a curve diverged (see `DIVERGENCE_FACTOR`),
+    per curve (NaN where it did not)."""
+    initial = loss[..., :1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~np.isfinite(loss) | (
+            (initial > 0) & (loss > DIVERGENCE_FACTOR * initial)
+        )
+    first = np.argmax(bad, axis=-1)
+    return np.where(bad.any(axis=-1), steps[first], np.nan)
 
-    - `results.npz`: `loss` of shape `(n_optimizer, n_architecture,
-      n_init_scale, n_learning_rate, n_seed, R)` (NaN once a run diverged),
-      `steps` (R,) and the grid axes `optimizer`, `architecture`, `init_scale`,
-      `learning_rate`, `seed`;
-    - `summary.json`: the configuration, library versions, the chunk counts
-      (computed and loaded from the checkpoint) and per run the initial and
-      final loss and the first step at which the loss halved;
-    - `loss_curves.png`: the loss curves, one panel per group.
 
-    **Arguments:**
-
-    - `config`: a `SweepConfig`.
-    - `out_dir`: the output directory (created if needed).
-    - `progress`: show a progress bar over each group's chunks.
-
-    **Returns:** the summary (the content of `summary.json`), with `files`
-    mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
-
-    **Raises:** `ValueError` for a checkpoint from a different configuration.
-    """
-    out = Path(out_dir)
+def _run_groups(config, out, points, shape, steps, progress, interrupted):
+    """One `nqfjax.sweep` per `(optimizer, architecture)` group; returns the loss
+    array, the chunk counts and the checkpoint's warnings (damaged chunks)."""
     grid, train_ = config.grid, config.train
     dtype = np.float64 if train_["precision"] == "float64" else np.float32
-    axes = {
-        "init_scale": np.asarray(grid["init_scale"], dtype),
-        "learning_rate": np.asarray(grid["learning_rate"], dtype),
-        "seed": np.asarray(grid["seed"], np.int32),
-    }
-    points = grid_product(axes)
-    shape = tuple(len(a) for a in axes.values())
-    steps = np.asarray(log_spaced_steps(train_["num_steps"], train_["num_records"]))
     groups = [(o, a) for o in grid["optimizer"] for a in grid["architecture"]]
     loss = np.empty(
         (len(grid["optimizer"]), len(grid["architecture"]), *shape, steps.size), dtype
     )
-    counts = {"total": 0, "computed": 0, "loaded": 0}
-
+    counts = {"total": 0, "computed": 0, "loaded": 0, "damaged": []}
+    notes = []
     with jax.enable_x64(train_["precision"] == "float64"):
         for g, (opt_name, arch) in enumerate(groups):
+            if interrupted():
+                raise KeyboardInterrupt
             structure = config.structure(arch)
             xs, ys = _make_data(config, structure, dtype)
             optimizer = OPTIMIZERS[opt_name]
@@ -459,30 +433,41 @@ def run_sweep_config(
                     snapshots=False,
                 ).loss
 
-            if progress:
-                print(
-                    f"group {g + 1}/{len(groups)}: optimizer={opt_name}, "
-                    f"architecture={arch}",
-                    flush=True,
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                result = sweep(
+                    point,
+                    points,
+                    checkpoint=out / "checkpoint" / f"{opt_name}-{arch}",
+                    chunk=config.sweep["chunk"],
+                    progress=f"{opt_name}-{arch} ({g + 1}/{len(groups)})"
+                    if progress
+                    else False,
+                    tag=_group_tag(config, opt_name, arch),
                 )
-            result = sweep(
-                point,
-                points,
-                checkpoint=out / "checkpoint" / f"{opt_name}-{arch}",
-                chunk=config.sweep["chunk"],
-                progress=progress,
-                tag=_group_tag(config, opt_name, arch),
-            )
+            for w in caught:  # the checkpoint's go to the summary, others on
+                if str(w.message).startswith("checkpoint chunk "):
+                    notes.append(str(w.message))
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             i, j = divmod(g, len(grid["architecture"]))
             loss[i, j] = np.asarray(result.outputs).reshape(*shape, steps.size)
             counts["total"] += result.n_chunks
             counts["computed"] += result.n_computed
             counts["loaded"] += result.n_loaded
+            counts["damaged"] += list(result.damaged)
+    return loss, counts, notes
 
-    runs = []
+
+def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
+    """Per run its grid point, initial and final loss, the step where the loss
+    halved and where it diverged; and the indices of the diverged runs."""
+    grid = config.grid
     halved = first_crossing(
         steps, np.moveaxis(loss, -1, 0), 0.5 * loss[..., 0], interpolate="step"
     )
+    diverged = _diverged_at(steps, loss)
+    runs = []
     for idx in np.ndindex(loss.shape[:-1]):
         o, a, s, e, r = idx
         runs.append(
@@ -495,8 +480,81 @@ def run_sweep_config(
                 "initial_loss": float(loss[idx][0]),
                 "final_loss": float(loss[idx][-1]),
                 "step_loss_halved": float(halved[idx]),
+                "diverged": bool(np.isfinite(diverged[idx])),
+                "step_diverged": float(diverged[idx]),
             }
         )
+    return runs, [k for k, run in enumerate(runs) if run["diverged"]]
+
+
+def run_sweep_config(
+    config: SweepConfig, out_dir: str | os.PathLike, *, progress: bool = True
+) -> dict[str, Any]:
+    """Train the real network at every point of a configuration's grid and write
+    the results.
+
+    The grid is the product of `optimizer x architecture x init_scale x
+    learning_rate x seed`. Optimizer and architecture change the program, so
+    each `(optimizer, architecture)` group is one `nqfjax.sweep` (one
+    compilation) over the product of the traced hyperparameters `init_scale`,
+    `learning_rate` and `seed`, each point a `nqfjax.train` run on the same
+    teacher data; each group checkpoints to its own subfolder
+    `checkpoint/<optimizer>-<architecture>/`, so an interrupted run resumes by
+    calling this again with the same configuration and `out_dir` (finished
+    chunks are loaded, not recomputed; damaged ones are recomputed; a checkpoint
+    written with different settings is refused with a `ValueError`). A SIGINT
+    stops it at the next chunk boundary with `KeyboardInterrupt`, the
+    checkpoint whole. The work runs in the precision `train.precision` whatever
+    the global `jax_enable_x64` setting.
+
+    A run *diverged* from the first recorded step at which its loss is not finite
+    or above `DIVERGENCE_FACTOR` (1000) times its loss at step 0; divergence is a
+    result, not an error: such runs are counted and listed in the summary.
+
+    Written to `out_dir` (each file atomically, after the whole grid is done):
+
+    - `results.npz`: `loss` of shape `(n_optimizer, n_architecture,
+      n_init_scale, n_learning_rate, n_seed, R)` (NaN once a run diverged),
+      `steps` (R,) and the grid axes `optimizer`, `architecture`, `init_scale`,
+      `learning_rate`, `seed`;
+    - `summary.json`: the configuration, library versions, the chunk counts
+      (computed, loaded from the checkpoint, and the damaged chunk files
+      recomputed, with `checkpoint_warnings` saying why), per run the initial
+      and final loss, the first step at which the loss halved and the step at
+      which it diverged (`null` if it did not), and `diverged` (the criterion,
+      the count and the indices of the diverged runs in `runs`);
+    - `loss_curves.png`: the loss curves, one panel per group.
+
+    **Arguments:**
+
+    - `config`: a `SweepConfig`.
+    - `out_dir`: the output folder (created if needed; checked before any work).
+    - `progress`: show a progress bar per group (tracing, compiling, chunks).
+
+    **Returns:** the summary (the content of `summary.json`), with `files`
+    mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
+
+    **Raises:** `ValueError` for an output folder that cannot be created or
+    written, or a checkpoint from a different configuration or that cannot be
+    read (the file named); `KeyboardInterrupt` after a SIGINT.
+    """
+    out = check_output_dir(out_dir, "out_dir")
+    grid, train_ = config.grid, config.train
+    dtype = np.float64 if train_["precision"] == "float64" else np.float32
+    axes = {
+        "init_scale": np.asarray(grid["init_scale"], dtype),
+        "learning_rate": np.asarray(grid["learning_rate"], dtype),
+        "seed": np.asarray(grid["seed"], np.int32),
+    }
+    points = grid_product(axes)
+    shape = tuple(len(a) for a in axes.values())
+    steps = np.asarray(log_spaced_steps(train_["num_steps"], train_["num_records"]))
+
+    with defer_interrupts() as interrupted:
+        loss, counts, notes = _run_groups(
+            config, out, points, shape, steps, progress, interrupted
+        )
+    runs, diverged = _runs(config, steps, loss)
     files = {
         "results": "results.npz",
         "summary": "summary.json",
@@ -517,6 +575,13 @@ def run_sweep_config(
         ],
         "steps": steps,
         "chunks": counts,
+        "checkpoint_warnings": notes,
+        "diverged": {
+            "criterion": "a recorded loss not finite or above "
+            f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
+            "count": len(diverged),
+            "runs": diverged,
+        },
         "runs": runs,
         "files": files,
     }
