@@ -57,7 +57,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
-import optax
 
 from .. import plots
 from ..engines.train import log_spaced_steps, train
@@ -72,6 +71,9 @@ from ..structures import (
 )
 from ..structures.base import Structure
 from ..sweep import grid_product, sweep
+from ._optimizers import (
+    OPTIMIZERS as OPTIMIZERS,  # the one table: word -> optax factory (None: GD)
+)
 
 
 # --------------------------------------------------------------------------------
@@ -111,13 +113,6 @@ ARCHITECTURES: dict[str, tuple[type[Structure], dict[str, type]]] = {
     ),
 }
 
-#: Optimizers a sweep may use: name -> factory `learning_rate -> optax transform`
-#: (`None`: plain gradient descent, `optax.sgd`; minibatch SGD with `batch_size`).
-OPTIMIZERS = {
-    "gd": None,
-    "momentum": lambda learning_rate: optax.sgd(learning_rate, momentum=0.9),
-    "adam": optax.adam,
-}
 
 _REQUIRED = object()
 # section -> key -> (kind, default); kinds: int, float, str, list[float], ...
