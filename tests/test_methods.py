@@ -207,8 +207,8 @@ def reports(whitened):
         "gd": nqfjax.Method(ETA),
         "sgd2": nqfjax.Method(ETA, batch_size=2),
         "sgd8": nqfjax.Method(ETA, batch_size=8),
-        "momentum": nqfjax.Method(ETA / 10, optimizer="momentum", momentum=0.9),
-        "adam": nqfjax.Method(ETA, optimizer="adam"),
+        "momentum": nqfjax.Method(ETA / 10, momentum=0.9),
+        "adam": nqfjax.Method(ETA, optax.adam),
         "lr_schedule": nqfjax.Method(optax.exponential_decay(2 * ETA, n_steps, 0.25)),
         "batch_schedule": nqfjax.Method(ETA, batch_size=((0, 2), (3500, 8))),
     }
@@ -371,10 +371,77 @@ def test_delay_grows_as_weight_decay_shrinks():
     assert -0.9 < float(fit.slope) < -0.3, float(fit.slope)
 
 
+def test_method_optimizers_are_optax_objects(whitened):
+    """A Method holds an optax choice: the heavy ball built from `momentum`, the
+    same transformation given ready-made, and a hand-written factory train the
+    same weights (bit for bit: the same optax code path), and the clock knows the
+    momentum."""
+    structure, xs, ys, task, lv_unit, basis = whitened
+    W0 = 1e-2 * np.random.default_rng(3).normal(size=(structure.p, 4))
+    kw = dict(num_steps=50, W0=W0, record_at=[0, 10, 50])
+    lr, mu = 0.05, 0.9
+    methods = {
+        "momentum": nqfjax.Method(lr, momentum=mu),
+        "ready": nqfjax.Method(lr, optax.sgd(lr, momentum=mu), momentum=mu),
+        "factory": nqfjax.Method(lr, lambda r: optax.sgd(r, momentum=mu), momentum=mu),
+    }
+    Ws = {
+        k: nqfjax.train_method(m, structure, xs, ys, **kw).W for k, m in methods.items()
+    }
+    np.testing.assert_array_equal(Ws["ready"], Ws["momentum"])
+    np.testing.assert_array_equal(Ws["factory"], Ws["momentum"])
+    # ... and differ from plain GD (the momentum is really used)
+    gd = nqfjax.train_method(nqfjax.Method(lr), structure, xs, ys, **kw).W
+    assert np.max(np.abs(np.asarray(gd - Ws["momentum"]))) > 1e-6
+    ts = jnp.array([0.0, 5.0, 50.0])
+    for m in methods.values():
+        assert m.clock_momentum == mu
+        np.testing.assert_allclose(
+            m.clock(ts), nqfjax.clock(lr, ts, momentum=mu), rtol=1e-15
+        )
+    assert nqfjax.Method(lr, optax.adam).clock_momentum == 0.0
+
+
+def test_method_strings_are_deprecated_words_of_the_one_table():
+    """The old optimizer strings still work for one release, with a
+    DeprecationWarning, and resolve through the command line's table."""
+    from nqfjax.experiments.sweep_config import OPTIMIZERS
+
+    for word, expected in (("sgd", None), ("gd", None), ("adam", OPTIMIZERS["adam"])):
+        with pytest.warns(DeprecationWarning, match="deprecated"):
+            m = nqfjax.Method(0.1, optimizer=word)
+        assert m.optimizer is expected
+        assert m.momentum == 0.0
+    with pytest.warns(DeprecationWarning):
+        m = nqfjax.Method(0.1, optimizer="momentum", momentum=0.5)
+    assert m.optimizer == nqfjax.Method(0.1, momentum=0.5).optimizer
+    assert m.clock_momentum == 0.5
+    with pytest.warns(DeprecationWarning):
+        m = nqfjax.Method(0.1, "momentum")  # the old default momentum
+    assert m.optimizer == OPTIMIZERS["momentum"] and m.clock_momentum == 0.9
+    # the table's heavy ball is the optax one
+    np.testing.assert_array_equal(
+        OPTIMIZERS["momentum"](0.1).update(
+            jnp.ones(2), OPTIMIZERS["momentum"](0.1).init(jnp.ones(2))
+        )[0],
+        optax.sgd(0.1, momentum=0.9).update(
+            jnp.ones(2), optax.sgd(0.1, momentum=0.9).init(jnp.ones(2))
+        )[0],
+    )
+
+
 def test_bad_input(whitened):
     structure, xs, ys, task, lv_unit, basis = whitened
     with pytest.raises(ValueError, match="optimizer"):
         nqfjax.Method(0.1, optimizer="lbfgs")
+    with pytest.raises(ValueError, match="optimizer"):
+        nqfjax.Method(0.1, optimizer=3)
+    with pytest.raises(ValueError, match="momentum"):
+        nqfjax.Method(0.1, momentum=1.5)
+    with pytest.raises(ValueError, match="momentum"):
+        nqfjax.Method(0.1, nqfjax.Method(0.1, momentum=0.9).optimizer, momentum=0.5)
+    with pytest.raises(ValueError, match="factory"):
+        nqfjax.Method(0.1, optax.adam(0.1), batch_size=((0, 2), (5, 4)))
     with pytest.raises(ValueError, match="batch-size schedule"):
         nqfjax.Method(0.1, batch_size=((10, 2),))
     with pytest.raises(ValueError, match="learning_rate"):

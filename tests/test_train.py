@@ -538,6 +538,230 @@ def test_adam_departs_from_the_m_flow():
 
 
 # ---------------------------------------------------------------------------
+# what the recorded loss is (each documented convention against the value)
+
+
+@pytest.fixture(scope="module")
+def attention_data():
+    """A softmax QK head, whose value at zero weights is the mean value (not
+    zero), with targets of a teacher head of the same architecture: the target
+    includes that offset, so a loss that subtracted f(x; 0) from the model but
+    not from y would be ~|mean value|^2 / 2 instead of small."""
+    structure = nqfjax.QKAttention(T=4, d=3)
+    rng = np.random.default_rng(0)
+    xs = jnp.asarray(rng.normal(size=(8, 4, 3)))
+    teacher = 0.3 * jnp.asarray(rng.normal(size=(structure.p, 2)))
+    ys = jax.vmap(lambda x: structure.layer(teacher, x))(xs)
+    offsets = jax.vmap(lambda x: structure.layer(jnp.zeros((structure.p, 1)), x))(xs)
+    assert float(jnp.min(jnp.abs(offsets))) > 0.1  # the value at zero is not zero
+    return structure, xs, ys, offsets
+
+
+def _explicit_quadratic_loss(structure, xs, ys, offsets, M):
+    """(1/2n) sum_s sum_j (f_j(x_s; 0) + Tr[M A_j(x_s)] - y_sj)^2, from the public
+    `A(x)` (not the batched contraction the library uses)."""
+    A = np.asarray(jax.vmap(structure.A)(jnp.asarray(xs)))  # (n, k, p, p)
+    f = np.asarray(offsets) + np.einsum("skij,ij->sk", A, np.asarray(M))
+    return 0.5 * np.mean(np.sum((f - np.asarray(ys)) ** 2, axis=-1))
+
+
+def test_loss_conventions_on_softmax_attention(attention_data):
+    """`TrainResult.loss`, `Task.loss` and `LotkaVolterra.loss` are what their
+    docstrings say, on a layer with f(x; 0) != 0 (float64: round-off only)."""
+    structure, xs, ys, offsets = attention_data
+    W0 = 0.05 * jr.normal(jr.key(1), (structure.p, 3))
+    kw = dict(num_steps=40, learning_rate=0.5, W0=W0, record_at=[0, 10, 40])
+
+    # model="layer": (1/2n) sum |f(x; W) - y|^2 with the real layer, offset kept
+    res = nqfjax.train(structure, xs, ys, **kw)
+
+    def layer_output(W):
+        return np.asarray(jax.vmap(structure.layer, in_axes=(None, 0))(W, xs))
+
+    def layer_loss(W):
+        return 0.5 * np.mean(np.sum((layer_output(W) - np.asarray(ys)) ** 2, axis=-1))
+
+    np.testing.assert_allclose(res.loss[0], layer_loss(W0), rtol=1e-12)
+    np.testing.assert_allclose(res.loss[-1], layer_loss(res.W), rtol=1e-12)
+    # the formula the docstring used to give, |f(x; W) - f(x; 0) - y|^2 / 2, is
+    # another number altogether here (measured ~50x larger)
+    f0 = layer_output(W0)
+    old = 0.5 * np.mean(np.sum((f0 - np.asarray(offsets) - np.asarray(ys)) ** 2, -1))
+    assert old > 10 * float(res.loss[0])
+
+    # model="quadratic": f(x; 0) + Tr[W W^T A(x)], which is Task.loss(W W^T)
+    task = nqfjax.task_from_samples(structure, xs, ys)
+    quad = nqfjax.train(structure, xs, ys, model="quadratic", **kw)
+    for i in range(3):
+        explicit = _explicit_quadratic_loss(structure, xs, ys, offsets, quad.M[i])
+        np.testing.assert_allclose(quad.loss[i], explicit, rtol=1e-12)
+        np.testing.assert_allclose(task.loss(quad.M[i]), explicit, rtol=1e-10)
+
+    # Task.loss at any symmetric M (not only W W^T)
+    B = jr.normal(jr.key(2), (structure.p, structure.p))
+    M = 0.3 * (B + B.T)
+    np.testing.assert_allclose(
+        task.loss(M),
+        _explicit_quadratic_loss(structure, xs, ys, offsets, M),
+        rtol=1e-10,
+    )
+
+
+def test_lotka_volterra_loss_is_the_task_loss_on_softmax_attention(attention_data):
+    """`LotkaVolterra.loss(m)` of `lv_reduce` is the task's loss at the diagonal
+    `M = basis diag(m) basis^T`. One sample and one output make the attention
+    task reducible (K[X] = A Tr[A X] and C = (y - f(x; 0)) A share A's
+    eigenbasis); its loss keeps the offset f(x; 0) != 0."""
+    structure, xs, ys, offsets = attention_data
+    x1 = xs[:1]
+    y1 = jax.vmap(lambda x: structure.layer(0.6 * jnp.ones((structure.p, 1)), x))(x1)
+    task = nqfjax.task_from_samples(structure, x1, y1)
+    lv, basis = nqfjax.lv_reduce(task, 0.5)
+    m = jnp.abs(jr.normal(jr.key(3), (lv.p,)))
+    M = basis @ jnp.diag(m) @ basis.T
+    off = jax.vmap(lambda x: structure.layer(jnp.zeros((structure.p, 1)), x))(x1)
+    explicit = _explicit_quadratic_loss(structure, x1, y1, off, M)
+    np.testing.assert_allclose(task.loss(M), explicit, rtol=1e-10)
+    np.testing.assert_allclose(lv.loss(m), explicit, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# divergence
+
+
+def _diverging_setup():
+    structure = nqfjax.Perceptron(d=3, k=2)
+    rng = np.random.default_rng(0)
+    # float32: the path users get by default
+    xs = jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+    ys = jnp.asarray(rng.normal(size=(16, 2)), jnp.float32)
+    W0 = jnp.asarray(0.1 * rng.normal(size=(structure.p, 4)), jnp.float32)
+    return structure, xs, ys, W0
+
+
+def _first_bad(loss, reference, factor=1e4):
+    """The first index where a loss curve recorded at every step is non-finite
+    or above factor * reference; -1 for none."""
+    bad = ~np.isfinite(loss) | (loss > factor * reference)
+    return int(np.argmax(bad)) if bad.any() else -1
+
+
+def test_divergence_is_flagged_with_its_step():
+    """A learning rate of 50 blows up (the loss passes 1e4 times its start within
+    a few steps, then overflows to inf and NaN) and is flagged at the first step
+    whose loss is beyond 1e4 x max(initial loss, loss at W = 0); a learning rate
+    of 0.05 converges and is not flagged. Recording every step gives the
+    reference independently of the flag."""
+    structure, xs, ys, W0 = _diverging_setup()
+    steps = 60
+    every = list(range(steps + 1))
+    # the loss at zero weights of a perceptron is |y|^2 / 2
+    L_zero = 0.5 * float(np.mean(np.sum(np.asarray(ys) ** 2, axis=-1)))
+    for lr, diverges in ((0.05, False), (50.0, True)):
+        res = nqfjax.train(
+            structure,
+            xs,
+            ys,
+            num_steps=steps,
+            learning_rate=lr,
+            W0=W0,
+            record_at=every,
+        )
+        loss = np.asarray(res.loss)
+        expected = _first_bad(loss, max(loss[0], L_zero))
+        assert bool(res.diverged) is diverges
+        assert int(res.diverged_at) == expected
+        if diverges:
+            assert 0 < expected < steps and not np.isfinite(loss[-1])
+        else:
+            assert np.all(np.isfinite(loss)) and loss[-1] < loss[0]
+        # sparse records find it at the same step: the check runs every step
+        sparse = nqfjax.train(
+            structure,
+            xs,
+            ys,
+            num_steps=steps,
+            learning_rate=lr,
+            W0=W0,
+            record_at=[0, steps],
+        )
+        assert int(sparse.diverged_at) == expected
+
+    # under vmap: one flag per run, the same as the separate runs
+    def run(lr):
+        return nqfjax.train(
+            structure,
+            xs,
+            ys,
+            num_steps=steps,
+            learning_rate=lr,
+            W0=W0,
+            record_at=[0, steps],
+        )
+
+    lrs = jnp.asarray([0.05, 50.0, 0.1], jnp.float32)
+    batched = jax.vmap(run)(lrs)
+    np.testing.assert_array_equal(batched.diverged, [False, True, False])
+    for i, lr in enumerate(lrs):
+        assert int(batched.diverged_at[i]) == int(run(lr).diverged_at)
+
+
+def test_minibatch_divergence_is_never_flagged_early():
+    """With minibatches the per-step check sees (b/n) x the batch loss, a lower
+    bound on the full-data loss: a sparse record flags no earlier than the true
+    first step (from a run recording every step, same key so the same
+    trajectory), and the dense record finds that step exactly."""
+    structure, xs, ys, W0 = _diverging_setup()
+    steps = 80
+    kw = dict(num_steps=steps, W0=W0, batch_size=4, key=jr.key(5))
+    for lr in (0.05, 2.0, 50.0):
+        dense = nqfjax.train(
+            structure, xs, ys, learning_rate=lr, record_at=range(steps + 1), **kw
+        )
+        sparse = nqfjax.train(structure, xs, ys, learning_rate=lr, num_records=5, **kw)
+        assert bool(dense.diverged) == bool(sparse.diverged)
+        if lr == 0.05:
+            assert not bool(dense.diverged) and int(dense.diverged_at) == -1
+        else:
+            first = int(dense.diverged_at)
+            assert 0 < first <= int(sparse.diverged_at)
+            L_zero = 0.5 * float(np.mean(np.sum(np.asarray(ys) ** 2, axis=-1)))
+            ref = max(float(dense.loss[0]), L_zero)
+            assert first == _first_bad(np.asarray(dense.loss), ref)
+
+
+def test_key_must_be_a_prng_key(getkey):
+    """An int seed, or an array that is not one key, is refused with an error
+    naming `key` (it used to fail inside JAX's PRNG code); new-style typed keys
+    and legacy uint32 keys are both accepted and draw the same init."""
+    structure = nqfjax.Perceptron(d=3, k=1)
+    xs, ys = _data(structure, getkey(), 8)
+    kw = dict(num_steps=3, learning_rate=0.1, init_scale=0.1, width=2)
+    for bad in (0, 3.5, np.arange(3), jr.split(jr.key(0), 2), "seed"):
+        with pytest.raises(ValueError, match="`key` must be one PRNG key"):
+            nqfjax.train(structure, xs, ys, key=bad, **kw)
+    typed = nqfjax.train(structure, xs, ys, key=jr.key(7), **kw)
+    legacy = nqfjax.train(structure, xs, ys, key=jr.PRNGKey(7), **kw)
+    np.testing.assert_array_equal(typed.M, legacy.M)
+    # train_method and compare_methods pass it on, and say the same
+    with pytest.raises(ValueError, match="`key`"):
+        nqfjax.train_method(
+            nqfjax.Method(0.1, batch_size=((0, 2), (2, 4))),
+            structure,
+            xs,
+            ys,
+            num_steps=3,
+            W0=jnp.ones((structure.p, 2)),
+            key=0,
+        )
+    # under vmap the mapped keys are still keys
+    res = jax.vmap(lambda k: nqfjax.train(structure, xs, ys, key=k, **kw).loss)(
+        jr.split(jr.key(0), 2)
+    )
+    assert res.shape[0] == 2
+
+
+# ---------------------------------------------------------------------------
 # bad input
 
 
@@ -575,6 +799,7 @@ def test_bad_input(getkey):
     raises("learning_rate", optimizer=optax.sgd(0.1))
     raises("record_at", record_at=[0, 3, 3])
     raises("record_at", record_at=[0, 6])
+    raises("divergence_factor", divergence_factor=0.5)
     raises(r"`basis` must have shape \(p, q\)", basis=jnp.eye(2))
 
     # the same value checks under vmap/jit, where they are eqx.error_if errors

@@ -106,9 +106,9 @@ def delayed_generalisation(
     With fewer samples than parameters many `M` fit the data; the first one
     reached fits but does not generalise, and the penalty ($|W|^2 = \mathrm{Tr}
     M$) then moves the network slowly along the set of fits towards small trace
-    (THEORY.md section 6), so the test loss drops long after the training loss
-    did, later the smaller $\lambda$ is. The test loss is the population loss
-    `test_task.loss(M)` (for Gaussian inputs the closed form
+    (see the documentation's theory pages), so the test loss drops long after
+    the training loss did, later the smaller $\lambda$ is. The test loss is the
+    population loss `test_task.loss(M)` (for Gaussian inputs the closed form
     `gaussian_quadratic_task(cov, M_star)`). Thresholds are relative to the
     loss at `M = 0`: fitted when the training loss is below `fit_threshold`
     times $\tfrac1{2n}\sum_s |y_s|^2$, generalised when the test loss is below

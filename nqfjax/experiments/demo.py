@@ -188,7 +188,7 @@ def _power_law(cfg: DemoConfig):
     lv = eqx.tree_at(lambda s: s.loss_offset, lv, lv.loss_offset + tail)
     log_eps = np.log(1 / eps)
 
-    def t_on(k):  # sharp switch-on of mode k, THEORY.md section 5
+    def t_on(k):  # sharp switch-on of mode k
         return (log_eps - b * np.log(k)) * k ** (a + b) / (4 * eta)
 
     # the steps merge into a power law once k > (alpha + beta) ln(1/eps); the last

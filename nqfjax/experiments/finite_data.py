@@ -175,8 +175,8 @@ def finite_data_map(
     progress: bool = False,
 ) -> FiniteDataMap:
     r"""Test error of the quadratic network $f(x) = \sum_i (u_i\cdot x)^2$ trained on
-    `n` samples with width `m` and weight decay $\lambda$, over a grid (THEORY.md
-    section 6).
+    `n` samples with width `m` and weight decay $\lambda$, over a grid (see the
+    documentation's theory pages).
 
     Inputs $x \sim N(0, S)$, labels $y = x^\top M_\star x + \sigma\xi$. For each
     seed, `max(ns)` samples are drawn once and the first `n` are used (nested
@@ -230,9 +230,53 @@ def finite_data_map(
     `gaussian_quadratic_task`, `sweep` and the checks here), an unknown `method`,
     or a missing `learning_rate`/`num_steps`.
     """
+    # Long only for its docstring (the contract); the code is a few named steps.
     pop = gaussian_quadratic_task(covariance, M_star)
     S, M_star = pop.covariance, pop.M_star
     p, dtype = pop.p, pop.dtype
+    ns, widths, lams, seeds, noise = _check_grid(
+        ns, widths, weight_decays, seeds, noise, dtype
+    )
+    run = _check_method(method, widths, p, learning_rate, num_steps, init_scale)
+    if tol is None:  # test errors to ~1e-8: tighter costs iterations at small n
+        tol = 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-5
+    opts = _options(dtype, tol, max_steps, None, 2_000, n_starts, None)
+    w, V = jnp.linalg.eigh(S)
+    S_half = (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
+    point = functools.partial(
+        _finite_data_point,
+        setup=(S_half, M_star, pop, noise, max(ns)),
+        method=method,
+        opts=opts,
+        run=run,
+    )
+    # Default: one chunk per n (the grid's slowest axis), so that the iterations of
+    # the ill-conditioned small-n points are not paid by the whole grid (a
+    # vmapped loop runs as long as its slowest member).
+    per_n = len(lams) * seeds.size * (1 if method == "train" else len(widths))
+    sweep_kw = dict(
+        chunk=per_n if chunk is None else chunk, mesh=mesh, progress=progress
+    )
+    test, trn, stat = _sweep_grid(point, method, ns, widths, lams, seeds, p, sweep_kw)
+    masks = jnp.arange(p)[None, :] < jnp.asarray(widths)[:, None]
+    floor = _floor_jit(pop, jnp.asarray(lams), masks, jr.key(0), opts, min(widths) < p)
+    return FiniteDataMap(
+        ns=ns,
+        widths=widths,
+        weight_decays=jnp.asarray(lams),
+        seeds=jnp.asarray(seeds),
+        test_error=jnp.asarray(test),
+        train_error=jnp.asarray(trn),
+        stationarity=jnp.asarray(stat),
+        floor=floor,
+        method=method,
+        noise=noise,
+    )
+
+
+def _check_grid(ns, widths, weight_decays, seeds, noise, dtype):
+    """The grid axes of `finite_data_map`, checked: `(ns, widths, lams, seeds,
+    noise)`."""
     ns = _int_tuple("ns", ns)
     widths = _int_tuple("widths", widths)
     lams = np.asarray(weight_decays, dtype=np.dtype(dtype))
@@ -250,6 +294,11 @@ def finite_data_map(
     noise = float(noise)
     if not (np.isfinite(noise) and noise >= 0):
         raise ValueError(f"`noise` must be finite and >= 0, got {noise}.")
+    return ns, widths, lams, seeds, noise
+
+
+def _check_method(method, widths, p, learning_rate, num_steps, init_scale):
+    """The training options of `method` (`None` for `"solution"`)."""
     if method not in ("solution", "train", "mflow"):
         raise ValueError(
             f"`method` must be 'solution', 'train' or 'mflow', got {method!r}."
@@ -257,60 +306,31 @@ def finite_data_map(
     if method == "mflow" and min(widths) < p:
         raise ValueError(
             "method='mflow' needs every width >= d: a width-capped fixed point is a "
-            "saddle of the M-space flow (THEORY.md section 2 closes on M, not on its "
-            "rank), which roundoff in the dense flow escapes; use 'train' (W has m "
+            "saddle of the M-space flow (which closes on M, not on its rank), "
+            "which roundoff in the dense flow escapes; use 'train' (W has m "
             "columns exactly) or 'solution' for capped widths."
         )
-    run = None
-    if method != "solution":
-        if learning_rate is None or num_steps is None:
-            raise ValueError(
-                f"method={method!r} needs `learning_rate` and `num_steps` (enough "
-                "steps to converge; check `stationarity` in the result)."
-            )
-        positive("learning_rate", jnp.asarray(learning_rate))
-        positive("init_scale", jnp.asarray(init_scale))
-        num_steps = static_int("num_steps", num_steps)
-        run = dict(
-            learning_rate=float(learning_rate),
-            num_steps=num_steps,
-            init_scale=float(init_scale),
+    if method == "solution":
+        return None
+    if learning_rate is None or num_steps is None:
+        raise ValueError(
+            f"method={method!r} needs `learning_rate` and `num_steps` (enough "
+            "steps to converge; check `stationarity` in the result)."
         )
-    if tol is None:  # test errors to ~1e-8: tighter costs iterations at small n
-        tol = 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-5
-    opts = _options(dtype, tol, max_steps, None, 2_000, n_starts, None)
-    w, V = jnp.linalg.eigh(S)
-    S_half = (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
-    setup = (S_half, M_star, pop, noise, max(ns))
-    shape = (len(ns), len(widths), lams.size, seeds.size)
-    point = functools.partial(
-        _finite_data_point, setup=setup, method=method, opts=opts, run=run
+    positive("learning_rate", jnp.asarray(learning_rate))
+    positive("init_scale", jnp.asarray(init_scale))
+    return dict(
+        learning_rate=float(learning_rate),
+        num_steps=static_int("num_steps", num_steps),
+        init_scale=float(init_scale),
     )
-    # Default: one chunk per n (the grid's slowest axis), so that the iterations of
-    # the ill-conditioned small-n points are not paid by the whole grid (a
-    # vmapped loop runs as long as its slowest member).
-    per_n = len(lams) * seeds.size * (1 if method == "train" else len(widths))
-    sweep_kw = dict(
-        chunk=per_n if chunk is None else chunk, mesh=mesh, progress=progress
-    )
-    if method == "train":
-        outs = []
-        for m in widths:
-            grid = grid_product(
-                {"n": np.asarray(ns), "weight_decay": lams, "seed": seeds}
-            )
-            fn = functools.partial(point, width=m, width_static=m, capped=False)
-            res = sweep(fn, grid, **sweep_kw)
-            outs.append(
-                [
-                    np.asarray(o).reshape(len(ns), 1, lams.size, seeds.size)
-                    for o in res.outputs
-                ]
-            )
-        test, trn, stat = (
-            np.concatenate([o[i] for o in outs], axis=1) for i in range(3)
-        )
-    else:
+
+
+def _sweep_grid(point, method, ns, widths, lams, seeds, p, sweep_kw):
+    """`(test, train, stationarity)`, each of shape `(N, W, L, S)`, through
+    `sweep`: one sweep over `(n, m, lam, seed)`, or for `"train"`, whose width
+    fixes a shape, one sweep per width."""
+    if method != "train":
         grid = grid_product(
             {
                 "n": np.asarray(ns),
@@ -321,18 +341,13 @@ def finite_data_map(
         )
         point = functools.partial(point, width_static=p, capped=min(widths) < p)
         res = sweep(point, grid, **sweep_kw)
-        test, trn, stat = (np.asarray(o).reshape(shape) for o in res.outputs)
-    masks = jnp.arange(p)[None, :] < jnp.asarray(widths)[:, None]
-    floor = _floor_jit(pop, jnp.asarray(lams), masks, jr.key(0), opts, min(widths) < p)
-    return FiniteDataMap(
-        ns=ns,
-        widths=widths,
-        weight_decays=jnp.asarray(lams),
-        seeds=jnp.asarray(seeds),
-        test_error=jnp.asarray(test),
-        train_error=jnp.asarray(trn),
-        stationarity=jnp.asarray(stat),
-        floor=floor,
-        method=method,
-        noise=noise,
-    )
+        shape = (len(ns), len(widths), lams.size, seeds.size)
+        return tuple(np.asarray(o).reshape(shape) for o in res.outputs)
+    outs = []
+    grid = grid_product({"n": np.asarray(ns), "weight_decay": lams, "seed": seeds})
+    for m in widths:
+        fn = functools.partial(point, width=m, width_static=m, capped=False)
+        res = sweep(fn, grid, **sweep_kw)
+        shape = (len(ns), 1, lams.size, seeds.size)
+        outs.append([np.asarray(o).reshape(shape) for o in res.outputs])
+    return tuple(np.concatenate([o[i] for o in outs], axis=1) for i in range(3))

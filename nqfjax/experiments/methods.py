@@ -3,7 +3,10 @@ schedules (`Method`, `train_method`), and how far each one's switch-on times
 depart from the gradient flow on its clock (`compare_methods`)."""
 
 import functools
+import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -13,6 +16,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._checks import static_int
 from .._curves import first_crossing
 from ..engines.clock import (
     _check_momentum,
@@ -22,23 +26,17 @@ from ..engines.clock import (
     solve_mflow_schedule,
 )
 from ..engines.lv import lv_reduce
-from ..engines.train import TrainResult, log_spaced_steps, train
+from ..engines.train import TrainResult, _check_key, log_spaced_steps, train
 from ..structures.base import Structure
+from ..tasks.base import Task
+from ..tasks.lotka_volterra import LotkaVolterra
 from ..tasks.sampled import task_from_samples
 from ..theory.switch_on import switch_on_times
+from ._optimizers import ALIASES, OPTIMIZERS, HeavyBall, optimizer_word
 
 
 # --------------------------------------------------------------------------------
 # training methods
-
-
-_OPTIMIZERS = ("sgd", "momentum", "adam")
-
-
-@functools.cache
-def _momentum_factory(mu: float):
-    # cached: `train` compiles once per optimizer factory (compared by identity)
-    return lambda lr: optax.sgd(lr, momentum=mu)
 
 
 @functools.cache
@@ -53,74 +51,163 @@ def _batch_sizes(b):
     return tuple((int(start), int(size)) for start, size in b)
 
 
+def _warn_deprecated(message: str) -> None:
+    """A `DeprecationWarning` attributed to the first caller outside nqfjax and
+    equinox (whose module machinery sits between a user and `Method.__init__`)."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(
+        "."
+    )[0] in ("nqfjax", "equinox"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
+
+
+def _resolve_optimizer(optimizer, momentum):
+    """`(optimizer, clock momentum)` from `Method`'s arguments: a deprecated word
+    goes through the one table (`OPTIMIZERS`), `None` with a momentum is a heavy
+    ball, and a `HeavyBall` brings its own momentum."""
+    if isinstance(optimizer, str):
+        word = ALIASES.get(optimizer, optimizer)
+        if word not in OPTIMIZERS:
+            raise ValueError(
+                "`optimizer` must be an optax GradientTransformation, a factory "
+                "`learning_rate -> GradientTransformation` or None; the deprecated "
+                f"words are {', '.join(map(repr, (*OPTIMIZERS, *ALIASES)))}, got "
+                f"{optimizer!r}."
+            )
+        _warn_deprecated(
+            f"Method(optimizer={optimizer!r}) is deprecated and will be removed in "
+            "the next release: pass an optax object instead (None for gradient "
+            "descent, `optax.adam`, or `momentum=mu` for heavy ball)."
+        )
+        optimizer = OPTIMIZERS[word]
+        if word == "momentum":  # the old default momentum was 0.9
+            optimizer = HeavyBall(0.9 if momentum is None else momentum)
+        momentum = None
+    if optimizer is None and momentum is not None and float(momentum) != 0:
+        optimizer = HeavyBall(momentum)
+    if isinstance(optimizer, HeavyBall):
+        if momentum is not None and _check_momentum(momentum) != optimizer.momentum:
+            raise ValueError(
+                f"`momentum` ({momentum}) differs from the optimizer's "
+                f"({optimizer.momentum})."
+            )
+        return optimizer, optimizer.momentum
+    if optimizer is not None and not (
+        isinstance(optimizer, optax.GradientTransformation) or callable(optimizer)
+    ):
+        raise ValueError(
+            "`optimizer` must be None, an optax GradientTransformation or a factory "
+            f"`learning_rate -> GradientTransformation`, got {optimizer!r}."
+        )
+    return optimizer, 0.0 if momentum is None else _check_momentum(momentum)
+
+
+def _check_batch_sizes(b) -> None:
+    if isinstance(b, tuple):
+        starts = [s for s, _ in b]
+        if (
+            len(b) == 0
+            or starts[0] != 0
+            or any(t <= s for s, t in zip(starts, starts[1:]))
+            or any(int(size) < 1 for _, size in b)
+        ):
+            raise ValueError(
+                "A batch-size schedule must be ((0, b_0), (s_1, b_1), ...) with "
+                f"strictly increasing starts from 0 and sizes >= 1, got {b}."
+            )
+    elif b is not None and int(b) < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {b}.")
+
+
 class Method(eqx.Module):
     r"""A training method acting on `M = W W^T` (configuration only; all static).
 
-    **Fields:**
+    **Arguments and fields:**
 
-    - `learning_rate`: `eta > 0`, or an optax schedule `step -> eta`.
-    - `optimizer`: `"sgd"` (plain steps; gradient descent when full batch),
-      `"momentum"` (heavy ball, `optax.sgd(eta, momentum=mu)`) or `"adam"`
-      (`optax.adam(eta)`).
-    - `momentum`: `mu` in `[0, 1)` for `"momentum"` (default 0.9).
+    - `learning_rate`: `learning_rate > 0`, or an optax schedule
+      `step -> learning_rate`.
+    - `optimizer`: an optax choice, as `nqfjax.train` takes it: `None` (default:
+      plain steps, `optax.sgd`; gradient descent when full batch), a factory
+      `learning_rate -> GradientTransformation` called with `learning_rate`
+      (e.g. `optax.adam`, or a value of the command line's table
+      `nqfjax.experiments.sweep_config.OPTIMIZERS`), or a ready
+      `GradientTransformation` (then `learning_rate` only sets the clock it is
+      compared on; keep the two consistent). The words `"sgd"`, `"gd"`,
+      `"momentum"` and `"adam"` are still accepted, through that same table, with
+      a `DeprecationWarning`, for one release.
+    - `momentum`: heavy-ball momentum `mu` in `[0, 1)`. With `optimizer=None` it
+      makes the method heavy ball (`optax.sgd(learning_rate, momentum=mu)`); with
+      the table's heavy ball it must agree with it; with any other optimizer it
+      only tells the clock (see below) the momentum the optimizer has. Stored as
+      the clock's momentum (0 for none).
     - `batch_size`: `None` (full batch), an int `b`, or a batch-size schedule
       `((0, b_0), (s_1, b_1), ...)`: batch size `b_i` from step `s_i` on
       (starts strictly increasing, from 0). A schedule is trained as a loop of
       `nqfjax.train` segments, each continuing from the last weights, with the
       learning-rate schedule shifted to the global step and fresh minibatch
       keys; the optimizer state (momentum, Adam's moments) restarts at each
-      boundary, exactly right for plain SGD.
+      boundary, exactly right for plain SGD. It needs a factory (or `None`),
+      not a ready transformation, whose schedule could not be shifted.
     - `name`: a label (default: built from the fields).
 
     The clock on which the method is compared with gradient flow
     (`Method.clock`): $\sum_n \eta(n)$ for SGD/GD and Adam (for Adam a nominal
     clock: its steps are normalised per coordinate, not proportional to the
     gradient, so no clock makes it the M-space flow), and the momentum clock of
-    `clock(..., momentum=mu)` for `"momentum"`.
+    `clock(..., momentum=mu)` for heavy ball.
+
+    **Raises:** `ValueError` for a non-positive learning rate, an unknown
+    optimizer word or object, a momentum outside `[0, 1)` or a malformed
+    batch-size schedule.
     """
 
     learning_rate: float | Callable = eqx.field(static=True)
-    optimizer: str = eqx.field(static=True, default="sgd")
-    momentum: float = eqx.field(static=True, default=0.9)
-    batch_size: int | tuple[tuple[int, int], ...] | None = eqx.field(
-        static=True, default=None, converter=_batch_sizes
-    )
-    name: str = eqx.field(static=True, default="")
+    optimizer: Callable | optax.GradientTransformation | None = eqx.field(static=True)
+    momentum: float = eqx.field(static=True)
+    batch_size: int | tuple[tuple[int, int], ...] | None = eqx.field(static=True)
+    name: str = eqx.field(static=True)
 
-    def __check_init__(self):
-        if self.optimizer not in _OPTIMIZERS:
+    def __init__(
+        self,
+        learning_rate: float | Callable,
+        optimizer: Callable | optax.GradientTransformation | str | None = None,
+        momentum: float | None = None,
+        batch_size: int | Sequence[tuple[int, int]] | None = None,
+        name: str = "",
+    ):
+        if not callable(learning_rate):
+            value = float(learning_rate)
+            if not (np.isfinite(value) and value > 0):
+                raise ValueError(f"`learning_rate` must be > 0, got {value}.")
+        self.learning_rate = learning_rate
+        self.optimizer, self.momentum = _resolve_optimizer(optimizer, momentum)
+        self.batch_size = _batch_sizes(batch_size)
+        _check_batch_sizes(self.batch_size)
+        if isinstance(self.optimizer, optax.GradientTransformation) and isinstance(
+            self.batch_size, tuple
+        ):
             raise ValueError(
-                f"`optimizer` must be one of {_OPTIMIZERS}, got {self.optimizer!r}."
+                "A batch-size schedule restarts the optimizer at each boundary and "
+                "shifts the learning-rate schedule: give `optimizer` as a factory "
+                "`learning_rate -> GradientTransformation`, not a ready one."
             )
-        if not callable(self.learning_rate):
-            eta = float(self.learning_rate)
-            if not (np.isfinite(eta) and eta > 0):
-                raise ValueError(f"`learning_rate` must be > 0, got {eta}.")
-        if self.optimizer == "momentum":
-            _check_momentum(self.momentum)
-        b = self.batch_size
-        if isinstance(b, tuple):
-            starts = [s for s, _ in b]
-            if (
-                len(b) == 0
-                or starts[0] != 0
-                or any(t <= s for s, t in zip(starts, starts[1:]))
-                or any(int(size) < 1 for _, size in b)
-            ):
-                raise ValueError(
-                    "A batch-size schedule must be ((0, b_0), (s_1, b_1), ...) with "
-                    f"strictly increasing starts from 0 and sizes >= 1, got {b}."
-                )
-        elif b is not None and int(b) < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {b}.")
+        self.name = str(name)
 
     @property
     def label(self) -> str:
         """`name`, or a description of the method."""
         if self.name:
             return self.name
-        parts = [self.optimizer]
-        if self.optimizer == "momentum":
+        word = optimizer_word(self.optimizer)
+        if word == "gd" and self.batch_size is not None:
+            word = "sgd"
+        if word is None and isinstance(self.optimizer, optax.GradientTransformation):
+            word = "optax transformation"
+        elif word is None:
+            word = getattr(self.optimizer, "__name__", type(self.optimizer).__name__)
+        parts = [word]
+        if self.momentum:
             parts.append(f"mu={self.momentum}")
         parts.append(
             "lr=schedule"
@@ -137,19 +224,19 @@ class Method(eqx.Module):
 
     @property
     def clock_momentum(self) -> float:
-        """The momentum of the method's clock (0 unless `"momentum"`)."""
-        return float(self.momentum) if self.optimizer == "momentum" else 0.0
+        """The momentum of the method's clock (0 unless heavy ball)."""
+        return float(self.momentum)
 
     def clock(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
         """The flow time `s(ts)` this method is compared on (see the class)."""
         return clock(self.learning_rate, ts, momentum=self.clock_momentum)
 
-    def _optax(self):
-        if self.optimizer == "sgd":
-            return None
-        if self.optimizer == "momentum":
-            return _momentum_factory(float(self.momentum))
-        return optax.adam
+    def _train_kwargs(self, learning_rate=None) -> dict:
+        """`learning_rate` and `optimizer` as `nqfjax.train` takes them."""
+        lr = self.learning_rate if learning_rate is None else learning_rate
+        if isinstance(self.optimizer, optax.GradientTransformation):
+            return dict(learning_rate=None, optimizer=self.optimizer)
+        return dict(learning_rate=lr, optimizer=self.optimizer)
 
 
 def train_method(
@@ -175,7 +262,8 @@ def train_method(
     `[s_i, s_{i+1})` with batch size `b_i`, from the weights the previous segment
     ended with, with the learning-rate schedule evaluated at the global step
     and minibatch key `fold_in(key, i)`; the records are stitched into one
-    `TrainResult` whose `steps` are global. `jax.vmap` works over `key` (and
+    `TrainResult` whose `steps` are global (its divergence flags are those of the first
+    segment that diverged, at the global step). `jax.vmap` works over `key` (and
     `W0`), with a batch-size schedule too (one compilation per segment length
     and batch size).
 
@@ -188,44 +276,53 @@ def train_method(
     - `key`: PRNG key for the minibatches (needed when `batch_size < n`).
 
     **Returns:** a `TrainResult`.
+
+    **Raises:** `ValueError` for a `method` that is not a `Method`, a `key` that
+    is not a PRNG key, and as `nqfjax.train`.
     """
     if not isinstance(method, Method):
         raise ValueError(f"`method` must be a Method, got {type(method)}.")
     kw = dict(
-        optimizer=method._optax(),
         W0=W0,
         weight_decay=weight_decay,
         model=model,
         basis=basis,
         snapshots=snapshots,
     )
-    b = method.batch_size
-    if not isinstance(b, tuple):
+    if not isinstance(method.batch_size, tuple):
         return train(
             structure,
             xs,
             ys,
             num_steps=num_steps,
-            learning_rate=method.learning_rate,
             key=key,
-            batch_size=b,
+            batch_size=method.batch_size,
             record_at=record_at,
             num_records=num_records,
+            **method._train_kwargs(),
             **kw,
         )
-    num_steps = int(num_steps)
-    n = jnp.shape(xs)[0]
+    num_steps = static_int("num_steps", num_steps)
     record = (
         log_spaced_steps(num_steps, num_records)
         if record_at is None
         else tuple(int(s) for s in record_at)
     )
+    key = jr.key(0) if key is None else _check_key(key)
+    pieces = _train_segments(
+        method, structure, xs, ys, num_steps, record, key, jnp.asarray(W0), kw
+    )
+    return _stitch(pieces)
+
+
+def _train_segments(method, structure, xs, ys, num_steps, record, key, W, kw):
+    """One `train` call per segment of the batch-size schedule, each from the
+    last one's weights: `[(global steps kept, TrainResult, indices kept)]`."""
+    b = method.batch_size
+    n = jnp.shape(xs)[0]
     bounds = [s for s, _ in b if s < num_steps] + [num_steps]
-    if key is None:
-        key = jr.key(0)
-    pieces, W = [], jnp.asarray(W0)
+    pieces = []
     for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        size = min(int(b[i][1]), n)
         last = e == num_steps
         local = sorted({0} | {s - a for s in record if a <= s < e or (last and s == e)})
         lr = method.learning_rate
@@ -236,27 +333,40 @@ def train_method(
             xs,
             ys,
             num_steps=e - a,
-            learning_rate=lr,
             key=jr.fold_in(key, i),
-            batch_size=size,
+            batch_size=min(int(b[i][1]), n),
             record_at=local,
+            **method._train_kwargs(lr),
             **{**kw, "W0": W},
         )
         keep = np.flatnonzero([a + s in record for s in local])
-        pieces.append((np.asarray(local)[keep] + a, res, keep))
+        pieces.append((a, np.asarray(local)[keep] + a, res, keep))
         W = res.W
+    return pieces
+
+
+def _stitch(pieces) -> TrainResult:
+    """The segments' records as one `TrainResult` with global steps."""
 
     def cat(name):
         # integer indices (not boolean masks), so that this also runs under vmap
-        return jnp.concatenate([getattr(r, name)[jnp.asarray(k)] for _, r, k in pieces])
+        return jnp.concatenate(
+            [getattr(r, name)[jnp.asarray(k)] for _, _, r, k in pieces]
+        )
 
-    steps = np.concatenate([s for s, _, _ in pieces])
+    # the first segment that diverged, at its global step
+    diverged_at = jnp.asarray(-1, jnp.int32)
+    for start, _, r, _ in reversed(pieces):
+        diverged_at = jnp.where(r.diverged, r.diverged_at + start, diverged_at)
+    first = pieces[0][2]
     return TrainResult(
-        steps=jnp.asarray(steps, jnp.int32),
+        steps=jnp.asarray(np.concatenate([s for _, s, _, _ in pieces]), jnp.int32),
         loss=cat("loss"),
-        M=None if pieces[0][1].M is None else cat("M"),
-        m=None if pieces[0][1].m is None else cat("m"),
-        W=W,
+        M=None if first.M is None else cat("M"),
+        m=None if first.m is None else cat("m"),
+        W=pieces[-1][2].W,
+        diverged=diverged_at >= 0,
+        diverged_at=diverged_at,
     )
 
 
@@ -387,7 +497,7 @@ def compare_methods(
     (`switch_times_from_curves`); modes that grow less than `min_growth` times
     in the flow, or are still growing at the end of the run (more than 5% over
     its last tenth), are not counted as switched on and get NaN. What to expect
-    (THEORY.md sections 2 and 6):
+    (see the documentation's theory pages):
 
     - full-batch GD: a mode's `W` component grows by $1 + a$ per step with
       $a = r/2$ (`r` per step), so $\ln m$ gains $2\ln(1 + a) = r - r^2/4$
@@ -440,13 +550,8 @@ def compare_methods(
     **Raises:** `ValueError` for a task that does not reduce when no `basis` is
     given (`NotReducibleError`), or bad arguments.
     """
-    if isinstance(methods, Mapping):
-        items = list(methods.items())
-    else:
-        items = [(mth.label, mth) for mth in methods]
-    for label, mth in items:
-        if not isinstance(mth, Method):
-            raise ValueError(f"`methods[{label!r}]` must be a Method, got {type(mth)}.")
+    # Long only for its docstring (the contract); the code is a few named steps.
+    items = _method_items(methods)
     if seeds < 1:
         raise ValueError(f"`seeds` must be >= 1, got {seeds}.")
     if reference not in ("mflow", "lv"):
@@ -455,128 +560,174 @@ def compare_methods(
         raise ValueError(
             '`reference="lv"` uses the basis of `lv_reduce`: omit `basis`.'
         )
-    num_steps = int(num_steps)
+    num_steps = static_int("num_steps", num_steps)
     record = (
         np.unique(np.linspace(0, num_steps, 401).astype(int))
         if record_at is None
         else np.asarray(record_at, int)
     )
+    key = jr.key(0) if key is None else _check_key(key)
+    ref = _reference(structure, xs, ys, W0, basis, weight_decay)
+
+    def run(mth, k):
+        return train_method(
+            mth,
+            structure,
+            xs,
+            ys,
+            num_steps=num_steps,
+            W0=ref.W0,
+            key=k,
+            weight_decay=weight_decay,
+            model=model,
+            record_at=record,
+            basis=ref.basis,
+        )
+
+    reports = {}
+    for label, mth in items:
+        n_seeds = seeds if mth.batch_size is not None else 1
+        m_runs, loss_runs = _seeded_runs(functools.partial(run, mth), key, n_seeds)
+        flow_m, flow_loss = _reference_flow(
+            mth, ref, record, weight_decay, reference, dict(solve_options or {})
+        )
+        on = _switched_on(flow_m, ref.m0, record, min_growth)
+        reports[label] = _report(
+            label, mth, ref, record, m_runs, loss_runs, flow_m, flow_loss, on, level
+        )
+    return reports
+
+
+def _method_items(methods) -> list[tuple[str, Method]]:
+    """`(label, Method)` pairs of a dict or a sequence (keyed by `label`)."""
+    if isinstance(methods, Mapping):
+        items = list(methods.items())
+    else:
+        items = [(getattr(mth, "label", repr(mth)), mth) for mth in methods]
+    for label, mth in items:
+        if not isinstance(mth, Method):
+            raise ValueError(f"`methods[{label!r}]` must be a Method, got {type(mth)}.")
+    return items
+
+
+class _Reference(NamedTuple):
+    """What every method of `compare_methods` is compared against: the task, the
+    modes, the start and the theory's switch-on times on the unit clock."""
+
+    task: Task
+    lv_unit: LotkaVolterra | None
+    basis: Array
+    W0: Array
+    M0: Array
+    m0: np.ndarray
+    s_theory: np.ndarray | None
+
+
+def _reference(structure, xs, ys, W0, basis, weight_decay) -> _Reference:
     W0 = jnp.asarray(W0)
     task = task_from_samples(structure, xs, ys)
-    lv_unit, lv_basis = (
-        lv_reduce(task, 1.0, weight_decay) if basis is None else (None, None)
-    )
+    lv_unit = None
     if basis is None:
-        basis = lv_basis
+        lv_unit, basis = lv_reduce(task, 1.0, weight_decay)
     basis = jnp.asarray(basis, W0.dtype)
     M0 = W0 @ W0.T
     m0 = np.asarray(jnp.diag(basis.T @ M0 @ basis))
     s_theory = None
     if lv_unit is not None:
         s_theory = np.asarray(switch_on_times(lv_unit, np.maximum(m0, 1e-300)))
-    key = jr.key(0) if key is None else key
-    ts = jnp.asarray(record, W0.dtype)
-    opts = dict(solve_options or {})
+    return _Reference(task, lv_unit, basis, W0, M0, m0, s_theory)
 
-    reports = {}
-    for label, mth in items:
-        stochastic = mth.batch_size is not None
-        n_seeds = seeds if stochastic else 1
-        run = lambda k, mth=mth: train_method(
-            mth,
-            structure,
-            xs,
-            ys,
-            num_steps=num_steps,
-            W0=W0,
-            key=k,
-            weight_decay=weight_decay,
-            model=model,
-            record_at=record,
-            basis=basis,
-        )
-        keys = jr.split(key, n_seeds)
-        if n_seeds > 1:
-            res = jax.vmap(run)(keys)
-            m_runs, loss_runs = np.asarray(res.m), np.asarray(res.loss)
-        else:
-            outs = [run(k) for k in keys]
-            m_runs = np.stack([np.asarray(o.m) for o in outs])
-            loss_runs = np.stack([np.asarray(o.loss) for o in outs])
 
-        if reference == "mflow":
-            M_flow = solve_mflow_schedule(
-                task,
-                M0,
-                ts,
-                mth.learning_rate,
-                weight_decay,
-                momentum=mth.clock_momentum,
-                **opts,
-            )
-            flow_m = np.asarray(jnp.einsum("pk,tpq,qk->tk", basis, M_flow, basis))
-            flow_loss = np.asarray(jax.vmap(task.loss)(M_flow))
-        else:
-            flow_m = np.asarray(
-                solve_lv_schedule(
-                    lv_unit,
-                    np.maximum(m0, np.finfo(m0.dtype).tiny),
-                    ts,
-                    mth.learning_rate,
-                    momentum=mth.clock_momentum,
-                    **opts,
-                )
-            )
-            flow_loss = np.asarray(lv_unit.loss(jnp.asarray(flow_m)))
-        # a mode is on if it grew `min_growth`-fold and had settled by the end
-        # (over the last tenth of the run it grew by less than 5%), so that its
-        # peak is its plateau value and not where the run happened to stop
-        peak = flow_m.max(0)
-        i90 = int(np.searchsorted(record, 0.9 * record[-1]))
-        settled = flow_m[-1] <= 1.05 * flow_m[min(i90, len(record) - 1)]
-        on = (peak >= min_growth * np.maximum(m0, np.finfo(float).tiny)) & settled
-        t_flow = np.where(
-            on,
-            np.asarray(switch_times_from_curves(record, flow_m, level, peak)),
-            np.nan,
+def _seeded_runs(run, key, n_seeds):
+    """The mode amplitudes `(S, R, q)` and losses `(S, R)` of `run(key)` over
+    `n_seeds` keys split from `key` (vmapped when more than one)."""
+    keys = jr.split(key, n_seeds)
+    if n_seeds > 1:
+        res = jax.vmap(run)(keys)
+        return np.asarray(res.m), np.asarray(res.loss)
+    res = run(keys[0])
+    return np.asarray(res.m)[None], np.asarray(res.loss)[None]
+
+
+def _reference_flow(mth, ref, record, weight_decay, reference, opts):
+    """The gradient flow from `M0` on the method's clock: mode amplitudes
+    `(R, q)` and loss `(R,)`, from the M-space flow or the LV reduction."""
+    ts = jnp.asarray(record, ref.W0.dtype)
+    if reference == "mflow":
+        M_flow = solve_mflow_schedule(
+            ref.task,
+            ref.M0,
+            ts,
+            mth.learning_rate,
+            weight_decay,
+            momentum=mth.clock_momentum,
+            **opts,
         )
-        t_runs = np.stack(
-            [
-                np.asarray(switch_times_from_curves(record, mr, level, peak))
-                for mr in m_runs
-            ]
+        flow_m = jnp.einsum("pk,tpq,qk->tk", ref.basis, M_flow, ref.basis)
+        return np.asarray(flow_m), np.asarray(jax.vmap(ref.task.loss)(M_flow))
+    flow_m = np.asarray(
+        solve_lv_schedule(
+            ref.lv_unit,
+            np.maximum(ref.m0, np.finfo(ref.m0.dtype).tiny),
+            ts,
+            mth.learning_rate,
+            momentum=mth.clock_momentum,
+            **opts,
         )
-        t_runs = np.where(on[None], t_runs, np.nan)
-        t_mean = t_runs.mean(0)
-        t_se = (
-            t_runs.std(0, ddof=1) / np.sqrt(n_seeds)
-            if n_seeds > 1
-            else np.zeros_like(t_mean)
+    )
+    return flow_m, np.asarray(ref.lv_unit.loss(jnp.asarray(flow_m)))
+
+
+def _switched_on(flow_m, m0, record, min_growth):
+    """Which modes switch on in the flow: grown `min_growth`-fold and settled by
+    the end (over the last tenth of the run it grew by less than 5%), so that
+    the peak is the plateau value and not where the run happened to stop."""
+    peak = flow_m.max(0)
+    i90 = int(np.searchsorted(record, 0.9 * record[-1]))
+    settled = flow_m[-1] <= 1.05 * flow_m[min(i90, len(record) - 1)]
+    return (peak >= min_growth * np.maximum(m0, np.finfo(float).tiny)) & settled
+
+
+def _report(label, mth, ref, record, m_runs, loss_runs, flow_m, flow_loss, on, level):
+    """The `MethodReport` of one method: switch-on times of each run and of the
+    flow, the theory's on the method's clock, and the departures."""
+    peak = flow_m.max(0)
+
+    def switch_times(m):
+        return np.where(
+            on, np.asarray(switch_times_from_curves(record, m, level, peak)), np.nan
         )
-        if s_theory is not None:
-            t_theory = np.asarray(
-                invert_clock(mth.learning_rate, s_theory, momentum=mth.clock_momentum)
-            )
-        else:
-            t_theory = np.full(t_mean.shape, np.nan)
-        k0 = int(np.nanargmin(t_flow)) if np.any(on) else 0
-        reports[label] = MethodReport(
-            name=label,
-            ts=ts,
-            clock=mth.clock(ts),
-            m=jnp.asarray(m_runs.mean(0)),
-            loss=jnp.asarray(loss_runs.mean(0)),
-            flow_m=jnp.asarray(flow_m),
-            flow_loss=jnp.asarray(flow_loss),
-            switch_times=jnp.asarray(t_mean),
-            switch_times_se=jnp.asarray(t_se),
-            flow_switch_times=jnp.asarray(t_flow),
-            theory_switch_times=jnp.asarray(t_theory),
-            departure=jnp.asarray(t_mean / t_flow - 1),
-            departure_rms=jnp.asarray(np.sqrt(np.mean((t_runs / t_flow - 1) ** 2, 0))),
-            ratio_departure=jnp.asarray(
-                (t_mean / t_mean[k0]) / (t_flow / t_flow[k0]) - 1
-            ),
-            seeds=n_seeds,
+
+    t_flow = switch_times(flow_m)
+    t_runs = np.stack([switch_times(mr) for mr in m_runs])
+    n_seeds = t_runs.shape[0]
+    t_mean = t_runs.mean(0)
+    t_se = (
+        t_runs.std(0, ddof=1) / np.sqrt(n_seeds)
+        if n_seeds > 1
+        else np.zeros_like(t_mean)
+    )
+    t_theory = np.full(t_mean.shape, np.nan)
+    if ref.s_theory is not None:
+        t_theory = np.asarray(
+            invert_clock(mth.learning_rate, ref.s_theory, momentum=mth.clock_momentum)
         )
-    return reports
+    k0 = int(np.nanargmin(t_flow)) if np.any(on) else 0
+    ts = jnp.asarray(record, ref.W0.dtype)
+    return MethodReport(
+        name=label,
+        ts=ts,
+        clock=mth.clock(ts),
+        m=jnp.asarray(m_runs.mean(0)),
+        loss=jnp.asarray(loss_runs.mean(0)),
+        flow_m=jnp.asarray(flow_m),
+        flow_loss=jnp.asarray(flow_loss),
+        switch_times=jnp.asarray(t_mean),
+        switch_times_se=jnp.asarray(t_se),
+        flow_switch_times=jnp.asarray(t_flow),
+        theory_switch_times=jnp.asarray(t_theory),
+        departure=jnp.asarray(t_mean / t_flow - 1),
+        departure_rms=jnp.asarray(np.sqrt(np.mean((t_runs / t_flow - 1) ** 2, 0))),
+        ratio_departure=jnp.asarray((t_mean / t_mean[k0]) / (t_flow / t_flow[k0]) - 1),
+        seeds=n_seeds,
+    )

@@ -58,7 +58,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
-import optax
 
 from .. import plots
 from .._curves import first_crossing
@@ -71,19 +70,14 @@ from ..structures.registry import (
     structure_names,
 )
 from ..sweep import defer_interrupts, grid_product, sweep
+from ._optimizers import (
+    OPTIMIZERS as OPTIMIZERS,  # the one table: word -> optax factory (None: GD)
+)
 
 
 # --------------------------------------------------------------------------------
 # the sweep configuration
 
-
-#: Optimizers a sweep may use: name -> factory `learning_rate -> optax transform`
-#: (`None`: plain gradient descent, `optax.sgd`; minibatch SGD with `batch_size`).
-OPTIMIZERS = {
-    "gd": None,
-    "momentum": lambda learning_rate: optax.sgd(learning_rate, momentum=0.9),
-    "adam": optax.adam,
-}
 
 _REQUIRED = object()
 # section -> key -> (kind, default); kinds: int, float, str, list[float], ...

@@ -240,8 +240,8 @@ def _width_path(task, lam, M_cvx, key, opts, m):
       eigenvalue, at the scale
       $t = -v^\top Z v / \langle vv^\top, K[vv^\top]\rangle$ that minimises the
       objective along $M + t\,vv^\top$ (one more mode switching on, as in
-      training from small initialisation, THEORY.md section 4; the most negative
-      one is not always the best: the capped problem has several local minima);
+      training from small initialisation; the most negative one is not always
+      the best: the capped problem has several local minima);
     - the top-`k` eigen-part of the convex optimum `M_cvx`;
     - `n_starts` isotropic random factors.
 

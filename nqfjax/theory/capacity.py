@@ -190,7 +190,7 @@ def converged_solution(
     r"""The fixed point of the M-space flow with weight decay: what training
     converges to, without training.
 
-    Minimises (THEORY.md sections 2 and 6)
+    Minimises
 
     $$F(M) = L(M) + \frac\lambda2\,\mathrm{Tr}\,M \quad\text{over PSD } M
     \text{ (of rank} \le \texttt{width}\text{ when given)},$$
@@ -264,6 +264,7 @@ def converged_solution(
     options; a runtime error (`eqx.error_if`) when `throw` and a stage did not
     converge.
     """
+    # Long only for its docstring (the contract); the code is a few named steps.
     _check_task(task)
     lam = _weight_decay(task, weight_decay)
     p = task.p
@@ -306,7 +307,7 @@ def minimum_width(
 ) -> int:
     r"""The rank of the optimal `M`: the smallest width that reaches the minimum of
     $L(M) + \tfrac\lambda2\mathrm{Tr}\,M$ over PSD `M`, from `(K, C)` alone,
-    before training (THEORY.md section 6).
+    before training.
 
     Computed from the certified convex optimum of `converged_solution` (without
     a width cap): the number of its eigenvalues above `rank_tol` times the
@@ -389,7 +390,7 @@ def excess_loss_by_width(
     rank_tol: float | None = None,
 ) -> WidthProfile:
     r"""The excess loss of a model of each width below the rank of the optimum,
-    from `(K, C)` alone (THEORY.md section 6).
+    from `(K, C)` alone.
 
     For each width `m`: the best PSD $M_m$ of rank `<= m` under the task's metric,
 

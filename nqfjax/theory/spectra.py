@@ -1,4 +1,4 @@
-r"""Weight spectra during training (THEORY.md section 6).
+r"""Weight spectra during training (see the documentation's theory pages).
 
 From an isotropic random start $W_0 = \sigma Z$ (`p x m`, standard normal `Z`)
 the eigenvalues of $M_0 = W_0 W_0^\top = \sigma^2 Z Z^\top$ form a
@@ -171,7 +171,7 @@ def weight_spectrum(
     with edges $\lambda_\pm = \sigma^2(\sqrt m \pm \sqrt p)^2$
     (`marchenko_pastur_edges`). A mode that switches on grows $M$ along its
     direction $u_k$ like $e^{r_k t}$ until it saturates at its learned value, so
-    one eigenvalue leaves the bulk and ends near $m^*_k$ (THEORY.md section 6);
+    one eigenvalue leaves the bulk and ends near $m^*_k$;
     directions that are not learned stay in the bulk or shrink (weight decay,
     negative rates).
 
@@ -240,6 +240,45 @@ def weight_spectrum(
     non-finite `M`, `margin <= 0`, `level` or `min_overlap` outside `(0, 1)`, a
     zero initial `M` or a non-positive `init_scale`.
     """
+    ts, Ms, dtype, m, sigma, basis = _check_spectrum_args(
+        ts, Ms, width, init_scale, basis, margin, level, min_overlap, gap_tol
+    )
+    p = Ms.shape[1]
+    lo = sigma**2 * (np.sqrt(m) - np.sqrt(p)) ** 2
+    hi = sigma**2 * (np.sqrt(m) + np.sqrt(p)) ** 2
+    threshold = (1.0 + margin) * hi
+
+    w, V = np.linalg.eigh(0.5 * (Ms + np.swapaxes(Ms, 1, 2)))
+    w, V = w[:, ::-1], V[:, :, ::-1]  # descending
+    tracks = _track_outliers(w, V, threshold, min_overlap, gap_tol)
+    out = _outlier_summary(tracks, ts, w, V, threshold, level, basis)
+
+    order = np.argsort(out["t_detach"], kind="stable")
+    q = min(p, m)
+    as_array = lambda a: jnp.asarray(a, dtype)
+    return WeightSpectrum(
+        ts=as_array(ts),
+        eigenvalues=as_array(w),
+        singular_values=as_array(np.sqrt(np.maximum(w[:, :q], 0.0))),
+        init_scale=as_array(sigma),
+        edges=as_array([lo, hi]),
+        threshold=as_array(threshold),
+        values=as_array(out["values"][order]),
+        t_detach=as_array(out["t_detach"][order]),
+        t_half=as_array(out["t_half"][order]),
+        t_return=as_array(out["t_return"][order]),
+        peak=as_array(out["peak"][order]),
+        vectors=as_array(out["vectors"][order]),
+        modes=jnp.asarray(out["modes"][order], jnp.int32),
+        overlaps=as_array(out["overlaps"][order]),
+    )
+
+
+def _check_spectrum_args(
+    ts, Ms, width, init_scale, basis, margin, level, min_overlap, gap_tol
+):
+    """The checked arguments of `weight_spectrum` as float64 NumPy arrays:
+    `(ts, Ms, the dtype to return, width, sigma, basis)`."""
     ts = np.asarray(ts, np.float64)
     Ms = np.asarray(Ms)
     dtype = jax.dtypes.canonicalize_dtype(
@@ -283,27 +322,32 @@ def weight_spectrum(
             raise ValueError(
                 f"`basis` must have shape (p, q) = ({p}, q), got {basis.shape}."
             )
+    return ts, Ms, dtype, m, sigma, basis
 
-    lo = sigma**2 * (np.sqrt(m) - np.sqrt(p)) ** 2
-    hi = sigma**2 * (np.sqrt(m) + np.sqrt(p)) ** 2
-    threshold = (1.0 + margin) * hi
 
-    w, V = np.linalg.eigh(0.5 * (Ms + np.swapaxes(Ms, 1, 2)))
-    w, V = w[:, ::-1], V[:, :, ::-1]  # descending
+def _clusters(values, above, gap_tol) -> dict[int, list[int]]:
+    """Index -> its cluster of nearly degenerate outliers (relative gap below
+    `gap_tol`), for the descending eigenvalue indices `above`."""
+    cluster: dict[int, list[int]] = {}
+    group: list[int] = []
+    for b in above:
+        if group and values[group[-1]] - values[b] >= gap_tol * values[group[-1]]:
+            group = []
+        group.append(b)
+        cluster[b] = group
+    return cluster
 
-    # follow the eigenpairs above the threshold by their eigenvectors
+
+def _track_outliers(w, V, threshold, min_overlap, gap_tol) -> list[dict]:
+    """Follow the eigenpairs above `threshold` through the records by their
+    eigenvectors (see `weight_spectrum`): one dict per outlier with its values
+    `vals` (NaN off the track), reference and peak vectors, birth and end."""
+    R = w.shape[0]
     tracks: list[dict] = []
     live: list[int] = []
     for i in range(R):
         above = np.flatnonzero(w[i] > threshold)  # descending
-        # clusters of nearly degenerate outliers (relative gap < gap_tol)
-        cluster = {}
-        group: list[int] = []
-        for b in above:
-            if group and w[i, group[-1]] - w[i, b] >= gap_tol * w[i, group[-1]]:
-                group = []
-            group.append(b)
-            cluster[b] = group
+        cluster = _clusters(w[i], above, gap_tol)
         pairs = []
         for a, j in enumerate(live):
             proj = (V[i][:, above].T @ tracks[j]["ref"]) ** 2
@@ -351,21 +395,27 @@ def weight_spectrum(
             )
             new_live.append(len(tracks) - 1)
         live = new_live
+    return tracks
 
-    J = len(tracks)
-    t_detach, t_half, t_return = (
-        np.full(J, np.nan),
-        np.full(J, np.nan),
-        np.full(J, np.nan),
+
+def _outlier_summary(tracks, ts, w, V, threshold, level, basis) -> dict:
+    """Per outlier (in track order): its values, detach, half-way and return
+    times, peak, peak vector and the basis mode it is."""
+    J, (R, p) = len(tracks), w.shape
+    out = dict(
+        values=np.full((J, R), np.nan),
+        t_detach=np.full(J, np.nan),
+        t_half=np.full(J, np.nan),
+        t_return=np.full(J, np.nan),
+        peak=np.zeros(J),
+        vectors=np.zeros((J, p)),
+        modes=np.full(J, -1),
+        overlaps=np.full(J, np.nan),
     )
-    peaks, modes, overlaps = np.zeros(J), np.full(J, -1), np.full(J, np.nan)
-    vectors = np.zeros((J, p))
-    values = np.full((J, R), np.nan)
     for j, tr in enumerate(tracks):
-        i0, vals = tr["birth"], tr["vals"]
-        values[j] = vals
-        prev = tr["before"]
-        t_detach[j] = (
+        i0, vals, prev = tr["birth"], tr["vals"], tr["before"]
+        out["values"][j] = vals
+        out["t_detach"][j] = (
             ts[i0]
             if i0 == 0
             else crossing_time(ts[i0 - 1], ts[i0], prev, vals[i0], threshold)
@@ -373,40 +423,25 @@ def weight_spectrum(
         target = level * tr["peak"]
         i = i0 + int(np.argmax(vals[i0:] >= target))  # the peak qualifies
         if i == i0:
-            t_half[j] = (
+            out["t_half"][j] = (
                 ts[i0]
                 if i0 == 0 or not prev < target
                 else crossing_time(ts[i0 - 1], ts[i0], prev, vals[i0], target)
             )
         else:
-            t_half[j] = crossing_time(ts[i - 1], ts[i], vals[i - 1], vals[i], target)
+            out["t_half"][j] = crossing_time(
+                ts[i - 1], ts[i], vals[i - 1], vals[i], target
+            )
         if tr["end"] is not None:
             e = tr["end"]
             below = w[e, int(np.argmax((V[e].T @ tr["vec"]) ** 2))]
-            t_return[j] = crossing_time(ts[e - 1], ts[e], vals[e - 1], below, threshold)
-        peaks[j] = tr["peak"]
-        vectors[j] = tr["peak_vec"]
+            out["t_return"][j] = crossing_time(
+                ts[e - 1], ts[e], vals[e - 1], below, threshold
+            )
+        out["peak"][j] = tr["peak"]
+        out["vectors"][j] = tr["peak_vec"]
         if basis is not None:
             ov = (basis.T @ tr["peak_vec"]) ** 2
-            modes[j] = int(np.argmax(ov))
-            overlaps[j] = float(ov[modes[j]])
-
-    order = np.argsort(t_detach, kind="stable")
-    q = min(p, m)
-    as_array = lambda a: jnp.asarray(a, dtype)
-    return WeightSpectrum(
-        ts=as_array(ts),
-        eigenvalues=as_array(w),
-        singular_values=as_array(np.sqrt(np.maximum(w[:, :q], 0.0))),
-        init_scale=as_array(sigma),
-        edges=as_array([lo, hi]),
-        threshold=as_array(threshold),
-        values=as_array(values[order]),
-        t_detach=as_array(t_detach[order]),
-        t_half=as_array(t_half[order]),
-        t_return=as_array(t_return[order]),
-        peak=as_array(peaks[order]),
-        vectors=as_array(vectors[order]),
-        modes=jnp.asarray(modes[order], jnp.int32),
-        overlaps=as_array(overlaps[order]),
-    )
+            out["modes"][j] = int(np.argmax(ov))
+            out["overlaps"][j] = float(ov[out["modes"][j]])
+    return out
