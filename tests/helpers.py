@@ -5,19 +5,14 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import nqfjax
 
 
-def tree_allclose(x, y, *, rtol=1e-5, atol=1e-8) -> bool:
-    """Whether two pytrees have the same structure and allclose leaves."""
-    if jax.tree.structure(x) != jax.tree.structure(y):
-        return False
-    return all(
-        np.allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
-        for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y))
-    )
+def values(solution):
+    """The values of an engine's output: `solve_lv`/`solve_mflow` return a
+    `Solution` module with `.ys` (or, before that change, the array itself)."""
+    return getattr(solution, "ys", solution)
 
 
 def random_input(structure: nqfjax.Structure, key, dtype=jnp.float64):

@@ -152,13 +152,19 @@ def test_quadratic_isotropic_degenerate_reduces():
 def test_not_reducible_error():
     """S not commuting with M*: NotReducibleError with the measured violation,
     which grows linearly with the rotation angle and is ~ roundoff at 0."""
+    # documented as a ValueError, so callers catching bad input catch it too
+    assert issubclass(NotReducibleError, ValueError)
     violations = []
     for theta in (0.01, 0.02, 0.04):
         task = _quadratic_commuting(np.random.default_rng(5), theta=theta)
         with pytest.raises(NotReducibleError, match="violation") as info:
             nqfjax.lv_reduce(task, 0.1)
-        assert isinstance(info.value, ValueError)
-        violations.append(info.value.violation)
+        # the message reports the measured violation and the tolerance it broke,
+        # the same numbers the exception carries
+        err = info.value
+        assert err.violation > err.tol
+        assert f"violation {err.violation:.3g} > tol {err.tol:.3g}" in str(err)
+        violations.append(err.violation)
     v = np.array(violations)
     assert np.all((v > 1e-6) & (v < 1))
     # first order in theta: doubling the angle doubles it (second-order terms

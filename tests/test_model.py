@@ -91,7 +91,8 @@ def test_bad_input(getkey):
         nqfjax.nqf_apply(s, jnp.ones((5, 2)).at[1, 1].set(jnp.nan), x)
     with pytest.raises(ValueError, match="`x` contains NaN"):
         nqfjax.nqf_apply(s, jnp.ones((5, 2)), x.at[0].set(jnp.nan))
-    with pytest.raises(Exception, match="`W` contains NaN"):
+    # under jit the eqx.error_if check raises a RuntimeError with the same message
+    with pytest.raises(RuntimeError, match="`W` contains NaN"):
         jax.jit(lambda W: nqfjax.nqf_apply(s, W, x))(jnp.full((5, 2), jnp.nan))
     with pytest.raises(
         ValueError, match="`structure` must be an nqfjax.AbstractStructure"

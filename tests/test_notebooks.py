@@ -12,6 +12,7 @@ first, so a `python3` kernel installed elsewhere on the machine (another
 environment's) can never be picked up.
 """
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -65,24 +66,71 @@ def test_the_theory_notebooks_are_there():
     } <= set(_names(NOTEBOOKS))
 
 
+def _code(nb) -> list[ast.Module]:
+    """The parsed code cells of a notebook (IPython magics, none today, would make
+    `ast.parse` fail loudly rather than be skipped)."""
+    return [
+        ast.parse(c.source, filename=f"cell {i}")
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+    ]
+
+
+def _checks(tree: ast.Module) -> int:
+    """The number of real checks in a cell: `assert` statements and calls of an
+    `assert_*` function (`np.testing.assert_allclose`, `chex.assert_*`). Comments
+    and strings that mention "assert" do not count."""
+    n = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            n += 1
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            n += name.startswith("assert_")
+    return n
+
+
+def _enables_x64(tree: ast.Module) -> bool:
+    """Whether a cell calls `jax.config.update("jax_enable_x64", True)`."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "update"
+            and len(node.args) == 2
+            and all(isinstance(a, ast.Constant) for a in node.args)
+            and [a.value for a in node.args] == ["jax_enable_x64", True]
+        ):
+            return True
+    return False
+
+
+# The probe cell appended to every executed notebook: which interpreter ran the
+# kernel, and whether the notebook's float64 switch took effect (its physics
+# asserts are written at float64 tolerances).
+PROBE = (
+    "import json, sys, jax\n"
+    "print(json.dumps([sys.executable, jax.config.jax_enable_x64]))"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
 def test_notebook_runs(path, kernel_env):
     nb = nbformat.read(path, as_version=4)
-    # one more cell: which interpreter did the kernel run?
-    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable)"))
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     client = nbclient.NotebookClient(
         nb,
         kernel_name="python3",
         timeout=CELL_TIMEOUT_S,
         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
     )
-    # raises CellExecutionError (with the traceback of the failing cell, e.g. a
-    # failed physics assert) if any cell fails
+    # The test: `execute` raises CellExecutionError (with the traceback of the
+    # failing cell, e.g. a failed physics assert) if any cell fails.
     client.execute()
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(c.execution_count is not None for c in code)
-    assert code[-1].outputs[0]["text"].strip() == sys.executable
+    stdout = [o for o in nb.cells[-1].outputs if o.get("name") == "stdout"]
+    assert json.loads("".join(o["text"] for o in stdout)) == [sys.executable, True]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
@@ -94,7 +142,30 @@ def test_notebook_committed_without_outputs(path):
             continue
         assert cell.outputs == [], f"cell {i} of {path.name} has outputs"
         assert cell.execution_count is None, f"cell {i} of {path.name} was executed"
-    # every notebook checks something against the theory and enables float64
-    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "jax_enable_x64" in source
-    assert "assert" in source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_names(NOTEBOOKS))
+def test_notebook_checks_the_theory_in_float64(path):
+    # Executing a notebook tests the physics only if its code holds real checks,
+    # and their tolerances are float64 ones: both read from the parsed code.
+    code = _code(nbformat.read(path, as_version=4))
+    assert sum(map(_checks, code)) >= 1, f"{path.name} checks nothing"
+    switches = [i for i, tree in enumerate(code) if _enables_x64(tree)]
+    assert switches, f"{path.name} does not enable float64"
+    first = switches[0]
+    # before any check runs (a later switch would leave earlier arrays float32)
+    assert all(_checks(tree) == 0 for tree in code[:first]), path.name
+
+
+def test_the_static_checks_see_through_comments():
+    # the parsers above, on code that only *mentions* what they look for
+    fake = ast.parse(
+        '# assert x\ns = "assert"\n# jax.config.update("jax_enable_x64", True)'
+    )
+    assert _checks(fake) == 0 and not _enables_x64(fake)
+    real = ast.parse(
+        'jax.config.update("jax_enable_x64", True)\n'
+        "assert x\n"
+        "np.testing.assert_allclose(a, b)"
+    )
+    assert _checks(real) == 2 and _enables_x64(real)

@@ -803,12 +803,13 @@ def test_bad_input(getkey):
     raises(r"`basis` must have shape \(p, q\)", basis=jnp.eye(2))
 
     # the same value checks under vmap/jit, where they are eqx.error_if errors
+    # (RuntimeError: jax's JaxRuntimeError carrying the message)
     def run(scale):
         return nqfjax.train(structure, xs, ys, **(kw | dict(init_scale=scale))).loss
 
-    with pytest.raises(Exception, match="init_scale"):
+    with pytest.raises(RuntimeError, match="init_scale"):
         jax.vmap(run)(jnp.array([0.1, -0.1]))
-    with pytest.raises(Exception, match="xs"):
+    with pytest.raises(RuntimeError, match="xs"):
         jax.jit(lambda x: nqfjax.train(structure, x, ys, **kw).loss)(
             xs.at[1, 1].set(jnp.nan)
         )
