@@ -1,4 +1,4 @@
-"""The structures: real layers against their quadratic forms (THEORY.md section 1)."""
+"""The structures: real layers against their quadratic forms."""
 
 import inspect
 
@@ -186,7 +186,7 @@ def _layer_hessian(structure, x, W):
 @parametrize_structures
 def test_hessian_block_diagonal(structure, getkey):
     # The Hessian of the real layer at W = 0 is block-diagonal over units with
-    # blocks 2 A(x) (THEORY.md section 1): for the additive and the softmax cases.
+    # blocks 2 A(x): for the additive and the softmax cases.
     x = random_input(structure, getkey())
     m = n_units(structure)
     H = _layer_hessian(structure, x, jnp.zeros((structure.p, m)))
@@ -438,7 +438,7 @@ def test_integer_arguments_are_normalised():
 
 
 def test_closed_forms_follow_the_table():
-    # THEORY.md section 1, written out in numpy independently of the library's
+    # The theory's table of A(x), written out in numpy independently of the library's
     # block code. Tolerances: float64 round-off of a few products.
     rng = np.random.default_rng(0)
     T, d = 4, 3

@@ -1,4 +1,4 @@
-"""Tasks: closed forms, sampled tasks and power-law tasks (THEORY.md sections 2, 5)."""
+"""Tasks: closed forms, sampled tasks and power-law tasks."""
 
 import equinox as eqx
 import jax
@@ -198,7 +198,7 @@ def test_gaussian_quadratic_closed_form():
 def test_power_law_task():
     """lam_k = k^-alpha, m*_k = k^-beta: the reduction is exact in the standard
     basis with r = 4 eta k^-(alpha+beta), B = 4 eta diag(lam); L(0) is the sum of
-    the unlearned costs lam m*^2 / 2, L(diag m*) = 0 (THEORY.md section 5); the
+    the unlearned costs lam m*^2 / 2, L(diag m*) = 0; the
     exponents are differentiable."""
     p, alpha, beta, eta = 50, 1.3, 0.4, 0.1
     task = nqfjax.power_law_task(p, alpha, beta)

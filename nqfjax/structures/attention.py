@@ -71,11 +71,11 @@ class QKAttention(AbstractStructure):
     z_j = \begin{cases}\sum_b v_{bj} x_b & \text{linear,}\\
     \frac1T \sum_b (v_{bj} - \bar v_j) x_b & \text{softmax,}\end{cases}$$
 
-    because the softmax linearises to $1/T + (s_b - \bar s)/T$ (THEORY.md
-    section 1). Linear attention is exact and additive. Softmax attention is not
-    additive (the units add inside the softmax) and its value at zero is the mean
-    value $\bar v$, an offset of the target; the quadratic form holds to
-    $O(|W|^4)$ since the logits are themselves quadratic in `W`.
+    because the softmax linearises to $1/T + (s_b - \bar s)/T$. Linear attention
+    is exact and additive. Softmax attention is not additive (the units add
+    inside the softmax) and its value at zero is the mean value $\bar v$, an
+    offset of the target; the quadratic form holds to $O(|W|^4)$ since the logits
+    are themselves quadratic in `W`.
 
     **Arguments:**
 
@@ -234,7 +234,7 @@ class OVAttention(AbstractStructure):
 
     How the query-key part is held (the choice this class makes):
 
-    - `learn_qk=False` (default, the convention of THEORY.md section 1): the
+    - `learn_qk=False` (default, the convention of the theory pages): the
       query-key weights are zero, the attention is exactly uniform,
       $\alpha^h_b = 1/T$, and the unit is $w_h = (o_h, v_h)$, `p = k + d`.
     - `learn_qk=True`: each head also carries a rank-one query-key circuit

@@ -45,7 +45,7 @@ class MixtureOfExperts(AbstractStructure):
 
     $$A(x) = \frac{c}{2}\begin{pmatrix} 0 & x x^\top \\ x x^\top & 0\end{pmatrix},$$
 
-    exactly additive (THEORY.md section 1).
+    exactly additive.
 
     The layer holds at most `experts` units (`max_units`); a `W` with fewer
     columns leaves the remaining experts switched off (zero weights: router logit

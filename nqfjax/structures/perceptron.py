@@ -56,7 +56,7 @@ class Perceptron(AbstractStructure):
 
     $$A_j(x) = \tfrac{c}{2}(e_j x^\top + x e_j^\top)$$
 
-    in the `(k + d)` block layout (THEORY.md section 1).
+    in the `(k + d)` block layout.
 
     **Arguments:**
 
