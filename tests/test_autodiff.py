@@ -1,4 +1,4 @@
-"""`structure_from_layer`: A(x) as half the Hessian at zero (THEORY.md section 1)."""
+"""`structure_from_layer`: A(x) as half the Hessian at zero."""
 
 import equinox as eqx
 import jax

@@ -1,4 +1,4 @@
-"""`nqf_apply`: the quadratic form Tr[W W^T A(x)] (THEORY.md section 1)."""
+"""`nqf_apply`: the quadratic form Tr[W W^T A(x)]."""
 
 import equinox as eqx
 import jax

@@ -1,4 +1,4 @@
-"""The structures: real layers against their quadratic forms (THEORY.md section 1)."""
+"""The structures: real layers against their quadratic forms."""
 
 import inspect
 
@@ -107,31 +107,51 @@ def test_A_symmetric(structure, getkey):
         assert np.any(A != 0)
 
 
+@eqx.filter_jit
+def _hooks_and_generic(structure, xs, X, c):
+    """The structure's batch hooks, and the generic path through the stacked
+    `A(x_s)` (the base class's defaults, and the einsum they stand for)."""
+    A = jax.vmap(structure.A)(xs)
+    base = nqfjax.AbstractStructure
+    return dict(
+        contract=(
+            structure.contract(xs, X),
+            base.contract(structure, xs, X),
+            jnp.einsum("bkij,ij->bk", A, X),
+        ),
+        weighted_sum=(
+            structure.weighted_sum(xs, c),
+            base.weighted_sum(structure, xs, c),
+            jnp.einsum("bk,bkij->ij", c, A),
+        ),
+    )
+
+
 @parametrize_structures
-def test_batch_contractions_match_A(structure, getkey):
-    """The batch hooks that sampled tasks and the quadratic model use instead of
-    `A` (closed forms for the perceptron, dense defaults elsewhere):
-    `contract(xs, X)_sj = Tr[A_j(x_s) X]` for symmetric `X`, and
-    `weighted_sum(xs, c) = sum_sj c_sj A_j(x_s)`, against the stacked `A`."""
+def test_batch_hooks_match_A(structure, getkey):
+    """The closed-form batch hooks that sampled tasks, the M-space flow and the
+    quadratic model use instead of `A`:
+    `contract(xs, X)_sj = Tr[A_j(x_s) X]` and
+    `weighted_sum(xs, c) = sum_sj c_sj A_j(x_s)`, against the generic path (the
+    defaults through `A`), for a symmetric `X` and for a general one (the hooks
+    read both triangles, as `Tr[A X]` does)."""
     b = 5
     xs = jnp.stack([random_input(structure, getkey()) for _ in range(b)])
-    A = jnp.stack([jit_A(structure, x) for x in xs])  # (b, k, p, p)
-    X = jax.random.normal(getkey(), (structure.p, structure.p))
-    X = X + X.T
+    G = jax.random.normal(getkey(), (structure.p, structure.p))
     c = jax.random.normal(getkey(), (b, structure.k))
-    # the same sums in another order: float64 roundoff only
-    np.testing.assert_allclose(
-        structure.contract(xs, X),
-        jnp.einsum("bkij,ij->bk", A, X),
-        rtol=1e-12,
-        atol=1e-12,
-    )
-    np.testing.assert_allclose(
-        structure.weighted_sum(xs, c),
-        jnp.einsum("bk,bkij->ij", c, A),
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    for X in (G + G.T, G):
+        for name, (hook, default, dense) in _hooks_and_generic(
+            structure, xs, X, c
+        ).items():
+            # the same sums in another order: float64 round-off only
+            np.testing.assert_allclose(
+                hook, dense, rtol=1e-12, atol=1e-12, err_msg=name
+            )
+            np.testing.assert_allclose(
+                default, dense, rtol=1e-12, atol=1e-12, err_msg=name
+            )
+    with pytest.raises(ValueError, match=r"`xs` must have shape \(b, \*input_shape\)"):
+        structure.contract(xs[0], G)
 
 
 @parametrize_structures
@@ -166,7 +186,7 @@ def _layer_hessian(structure, x, W):
 @parametrize_structures
 def test_hessian_block_diagonal(structure, getkey):
     # The Hessian of the real layer at W = 0 is block-diagonal over units with
-    # blocks 2 A(x) (THEORY.md section 1): for the additive and the softmax cases.
+    # blocks 2 A(x): for the additive and the softmax cases.
     x = random_input(structure, getkey())
     m = n_units(structure)
     H = _layer_hessian(structure, x, jnp.zeros((structure.p, m)))
@@ -418,7 +438,7 @@ def test_integer_arguments_are_normalised():
 
 
 def test_closed_forms_follow_the_table():
-    # THEORY.md section 1, written out in numpy independently of the library's
+    # The theory's table of A(x), written out in numpy independently of the library's
     # block code. Tolerances: float64 round-off of a few products.
     rng = np.random.default_rng(0)
     T, d = 4, 3

@@ -1,4 +1,4 @@
-"""Tasks: closed forms, sampled tasks and power-law tasks (THEORY.md sections 2, 5)."""
+"""Tasks: closed forms, sampled tasks and power-law tasks."""
 
 import equinox as eqx
 import jax
@@ -198,7 +198,7 @@ def test_gaussian_quadratic_closed_form():
 def test_power_law_task():
     """lam_k = k^-alpha, m*_k = k^-beta: the reduction is exact in the standard
     basis with r = 4 eta k^-(alpha+beta), B = 4 eta diag(lam); L(0) is the sum of
-    the unlearned costs lam m*^2 / 2, L(diag m*) = 0 (THEORY.md section 5); the
+    the unlearned costs lam m*^2 / 2, L(diag m*) = 0; the
     exponents are differentiable."""
     p, alpha, beta, eta = 50, 1.3, 0.4, 0.1
     task = nqfjax.power_law_task(p, alpha, beta)
@@ -332,3 +332,77 @@ def test_power_law_task_p_must_be_an_int():
         nqfjax.power_law_task(4.0, 1.0, 0.5)
     with pytest.raises(ValueError, match="`p` must be >= 1"):
         nqfjax.power_law_task(0, 1.0, 0.5)
+
+
+# --------------------------------------------------------------------------------
+# Closed-form batch hooks against the generic path through A(x)
+
+
+class _Generic(nqfjax.AbstractStructure):
+    """A structure seen only through `A`, `unit` and `layer`: its batch hooks are
+    the base class's defaults, which stack `A(x_s)` (the generic path a user's
+    structure takes before it overrides them)."""
+
+    inner: nqfjax.AbstractStructure
+    p = property(lambda self: self.inner.p)
+    k = property(lambda self: self.inner.k)
+    input_shape = property(lambda self: self.inner.input_shape)
+    additive = property(lambda self: self.inner.additive)
+    max_units = property(lambda self: self.inner.max_units)
+
+    def A(self, x):
+        return self.inner.A(x)
+
+    def unit(self, w, x):
+        return self.inner.unit(w, x)
+
+    def layer(self, W, x):
+        return self.inner.layer(W, x)
+
+
+def _task_outputs(structure, xs, ys, X):
+    task = nqfjax.task_from_samples(structure, xs, ys, batch_size=3)
+    return task.C, task.K(X), task.y2
+
+
+def _dense_stacks(jaxpr, p: int) -> list[tuple[int, ...]]:
+    """Shapes of the intermediates of `jaxpr` (and of every jaxpr inside it:
+    scans, jitted calls) that stack `(p, p)` matrices, i.e. `A(x_s)` densified."""
+    found = []
+    for eqn in jaxpr.eqns:
+        for v in eqn.outvars:
+            shape = getattr(v.aval, "shape", ())
+            if len(shape) >= 3 and tuple(shape[-2:]) == (p, p):
+                found.append(tuple(shape))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, list | tuple) else [param]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    found += _dense_stacks(sub.jaxpr, p)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    found += _dense_stacks(sub, p)
+    return found
+
+
+@pytest.mark.parametrize("structure", all_structures(), ids=structure_id)
+def test_closed_form_hooks_match_the_generic_task(structure, getkey):
+    """For every built-in structure, `task_from_samples` (C, K[X], y2; 7 samples
+    in chunks of 3, so a remainder chunk) through the closed-form hooks equals
+    the same task through the generic path (float64 round-off), and its K and C
+    never stack the matrices A(x_s) -- while the generic path does, so the check
+    can fail. `solve_mflow` reaches the data only through `task.K` and `task.C`."""
+    n, p = 7, structure.p
+    xs = jax.random.normal(getkey(), (n, *structure.input_shape))
+    ys = jax.random.normal(getkey(), (n, structure.k))
+    G = jax.random.normal(getkey(), (p, p))
+    X = G + G.T
+    fast = eqx.filter_jit(_task_outputs)(structure, xs, ys, X)
+    slow = eqx.filter_jit(_task_outputs)(_Generic(structure), xs, ys, X)
+    for name, a, b in zip(("C", "K", "y2"), fast, slow):
+        # the same sums in another order: float64 round-off only
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=name)
+    closed = jax.make_jaxpr(lambda *a: _task_outputs(structure, *a))(xs, ys, X)
+    assert _dense_stacks(closed.jaxpr, p) == []
+    generic = jax.make_jaxpr(lambda *a: _task_outputs(_Generic(structure), *a))(
+        xs, ys, X
+    )
+    assert (3, structure.k, p, p) in _dense_stacks(generic.jaxpr, p)

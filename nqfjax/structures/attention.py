@@ -9,8 +9,10 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import is_concrete, static_int
+from ._blocks import pair_matrix, pair_part, readout_contract, readout_weighted_sum
 from .base import (
     AbstractStructure,
+    check_batch,
     check_input,
     check_unit,
     check_weights,
@@ -50,16 +52,6 @@ def _temperature(temperature) -> float:
     return value
 
 
-def _pair_block(left, right, dtype, p: int, offset: int = 0):
-    r"""The `(p, p)` matrix $\tfrac12 [[0, l r^\top], [r l^\top, 0]]$ placed with the
-    `l` block at `offset` and the `r` block right after it (zero elsewhere)."""
-    n_l, n_r = left.shape[0], right.shape[0]
-    half = 0.5 * jnp.outer(left, right).astype(dtype)
-    out = jnp.zeros((p, p), dtype)
-    out = out.at[offset : offset + n_l, offset + n_l : offset + n_l + n_r].set(half)
-    return out.at[offset + n_l : offset + n_l + n_r, offset : offset + n_l].set(half.T)
-
-
 @final
 class QKAttention(AbstractStructure):
     r"""The query-key circuit of one attention head, with fixed values.
@@ -79,11 +71,11 @@ class QKAttention(AbstractStructure):
     z_j = \begin{cases}\sum_b v_{bj} x_b & \text{linear,}\\
     \frac1T \sum_b (v_{bj} - \bar v_j) x_b & \text{softmax,}\end{cases}$$
 
-    because the softmax linearises to $1/T + (s_b - \bar s)/T$ (THEORY.md
-    section 1). Linear attention is exact and additive. Softmax attention is not
-    additive (the units add inside the softmax) and its value at zero is the mean
-    value $\bar v$, an offset of the target; the quadratic form holds to
-    $O(|W|^4)$ since the logits are themselves quadratic in `W`.
+    because the softmax linearises to $1/T + (s_b - \bar s)/T$. Linear attention
+    is exact and additive. Softmax attention is not additive (the units add
+    inside the softmax) and its value at zero is the mean value $\bar v$, an
+    offset of the target; the quadratic form holds to $O(|W|^4)$ since the logits
+    are themselves quadratic in `W`.
 
     **Arguments:**
 
@@ -170,17 +162,43 @@ class QKAttention(AbstractStructure):
     def additive(self) -> bool:
         return not self.softmax
 
-    def _z(self, x):
-        v = self.values.astype(x.dtype)
+    def _mixing(self, dtype) -> Float[Array, "T k"]:
+        """`z_j = mixing[:, j] . x` (over tokens): the values, centred and over `T`
+        for the softmax, over the temperature."""
+        v = self.values.astype(dtype)
         if self.softmax:
-            return (v - jnp.mean(v, axis=0, keepdims=True)).T @ x / self.T
-        return v.T @ x
+            v = (v - jnp.mean(v, axis=0, keepdims=True)) / self.T
+        return v / self.temperature
 
     def A(self, x):
         x = check_input(self, x)
-        xa = x[self.query]
-        z = self._z(x) / self.temperature
-        return jax.vmap(lambda zj: _pair_block(xa, zj, x.dtype, self.p))(z)
+        xa, z = x[self.query], self._mixing(x.dtype).T @ x  # (d,), (k, d)
+        return jax.vmap(
+            lambda zj: pair_matrix(0.5 * jnp.outer(xa, zj), self.p, 0, self.d)
+        )(z)
+
+    # A_j(x) is the rank-two pair (x_a, z_j): the hooks contract the samples
+    # directly, O(T k d + d^2) per sample, and never form a (p, p) matrix per
+    # sample.
+
+    def _batch(self, xs, dtype):
+        xs = check_batch(self, xs).astype(dtype)
+        Z = jnp.einsum("tj,btl->bjl", self._mixing(dtype), xs)  # (b, k, d)
+        return xs[:, self.query], Z
+
+    def contract(self, xs, X):
+        # Tr[A_j X] = x_a^T B z_j with B the symmetrised query-key block of X
+        xa, Z = self._batch(xs, X.dtype)
+        B = pair_part(X, 0, self.d, self.d, self.d)
+        return jnp.einsum("bl,bjl->bj", xa @ B, Z)
+
+    def weighted_sum(self, xs, c):
+        xa, Z = self._batch(xs, c.dtype)
+        G = 0.5 * xa.T @ jnp.einsum("bj,bjl->bl", c, Z)  # sum_sj c_sj x_a z_sj^T / 2
+        return pair_matrix(G, self.p, 0, self.d)
+
+    def sample_size(self):
+        return (self.T + self.k + 1) * self.d
 
     def _logits(self, W, x):
         d = self.d
@@ -216,7 +234,7 @@ class OVAttention(AbstractStructure):
 
     How the query-key part is held (the choice this class makes):
 
-    - `learn_qk=False` (default, the convention of THEORY.md section 1): the
+    - `learn_qk=False` (default, the convention of the theory pages): the
       query-key weights are zero, the attention is exactly uniform,
       $\alpha^h_b = 1/T$, and the unit is $w_h = (o_h, v_h)$, `p = k + d`.
     - `learn_qk=True`: each head also carries a rank-one query-key circuit
@@ -274,7 +292,23 @@ class OVAttention(AbstractStructure):
         x = check_input(self, x)
         xbar = jnp.mean(x, axis=0)
         eye = jnp.eye(self.k, dtype=x.dtype)
-        return jax.vmap(lambda e: _pair_block(e, xbar, x.dtype, self.p))(eye)
+        return jax.vmap(
+            lambda e: pair_matrix(0.5 * jnp.outer(e, xbar), self.p, 0, self.k)
+        )(eye)
+
+    # A_j(x) = (e_j xbar^T + xbar e_j^T) / 2 on the (o, v) block: a readout row
+    # times the mean token, O(T d + k d) per sample.
+
+    def contract(self, xs, X):
+        xbar = jnp.mean(check_batch(self, xs), axis=1)
+        return readout_contract(xbar, X, scale=0.5, k=self.k, r0=0, c0=self.k)
+
+    def weighted_sum(self, xs, c):
+        xbar = jnp.mean(check_batch(self, xs), axis=1)
+        return readout_weighted_sum(xbar, c, scale=0.5, p=self.p, r0=0, c0=self.k)
+
+    def sample_size(self):
+        return (self.T + self.k) * self.d
 
     def layer(self, W, x):
         W, x = check_weights(self, W), check_input(self, x)

@@ -14,7 +14,7 @@ from .._checks import is_concrete
 class AutodiffStructureMatrix(eqx.Module):
     r"""`x -> A(x)`: half the Hessian at zero of a unit function, by autodiff.
 
-    For a unit $\phi(w, x)$ with $w \in R^p$ (THEORY.md section 1),
+    For a unit $\phi(w, x)$ with $w \in R^p$ (see the documentation's theory pages),
 
     $$\phi(w, x) = \phi(0, x) + \nabla_w\phi(0, x)\cdot w + w^\top A(x) w + O(|w|^3),
     \qquad A(x) = \tfrac12 \mathrm{Hess}_w \phi(0, x).$$
@@ -106,7 +106,7 @@ def structure_from_layer(
 ) -> AutodiffStructureMatrix:
     r"""The structure matrix $A(x) = \tfrac12\mathrm{Hess}_w\phi(0, x)$ of any unit.
 
-    The automatic route of THEORY.md section 1: a closed-form `A(x)` is a
+    The automatic route to the structure matrix: a closed-form `A(x)` is a
     convenience that must agree with this. For an [`AbstractStructure`][], pass its
     `unit` (the layer with only that unit switched on, minus the layer at zero):
     `structure_from_layer(s.unit, s.p)(x)` equals `s.A(x)`.

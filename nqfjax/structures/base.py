@@ -270,6 +270,17 @@ def check_input(structure: AbstractStructure, x):
     return jnp.asarray(x)
 
 
+def check_batch(structure: AbstractStructure, xs):
+    """`xs` as an array, after checking that its shape is `(b, *input_shape)`."""
+    xs = jnp.asarray(xs)
+    shape = tuple(structure.input_shape)
+    if xs.ndim != 1 + len(shape) or tuple(xs.shape[1:]) != shape:
+        raise ValueError(
+            f"`xs` must have shape (b, *input_shape) = (b, *{shape}), got {xs.shape}."
+        )
+    return xs
+
+
 def check_unit(structure: AbstractStructure, w):
     """`w` as an array, after checking that its shape is `(p,)`."""
     check_shape("w", w, (structure.p,))

@@ -7,8 +7,10 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ._blocks import pair_matrix, pair_part
 from .base import (
     AbstractStructure,
+    check_batch,
     check_input,
     check_unit,
     check_weights,
@@ -89,24 +91,41 @@ class Conv1D(AbstractStructure):
         return True
 
     def patches(self, x):
-        """The `P x s` patch matrix `X` of one input `x` (shape `(length,)`)."""
+        """The `P x s` patch matrix `X` of one input `x` (shape `(length,)`), or
+        the `(b, P, s)` patch matrices of a batch (shape `(b, length)`)."""
         idx = (
             self.stride * np.arange(self.positions)[:, None]
             + np.arange(self.kernel_size)[None, :]
         )
-        return x[idx]
+        return x[..., idx]
+
+    def _blocks(self, xs):
+        """The patch matrices of a batch, shape `(b, n, s)` (`n = 1`, the mean
+        patch, with pooling): `A(x) = (c/2) [[0, X], [X^T, 0]]` in their terms."""
+        X = self.patches(xs)
+        return jnp.mean(X, axis=1, keepdims=True) if self.pool else X
 
     def A(self, x):
         x = check_input(self, x)
-        X = self.patches(x)
-        if self.pool:
-            X = jnp.mean(X, axis=0, keepdims=True)
-        X = 0.5 * self.slope * X
-        n = X.shape[0]
-        top = jnp.concatenate([jnp.zeros((n, n), x.dtype), X], axis=1)
-        s = self.kernel_size
-        bottom = jnp.concatenate([X.T, jnp.zeros((s, s), x.dtype)], axis=1)
-        return jnp.concatenate([top, bottom], axis=0)[None]
+        X = self._blocks(x[None])[0]
+        return pair_matrix(0.5 * self.slope * X, self.p, 0, X.shape[0])[None]
+
+    # A(x) is the patch matrix and its transpose: the hooks contract the patches
+    # directly, O(P s) per sample instead of O((P + s)^2).
+
+    def contract(self, xs, X):
+        Xs = self._blocks(check_batch(self, xs)).astype(X.dtype)
+        n, s = Xs.shape[1:]
+        B = pair_part(X, 0, n, n, s)
+        return self.slope * jnp.einsum("bns,ns->b", Xs, B)[:, None]
+
+    def weighted_sum(self, xs, c):
+        Xs = self._blocks(check_batch(self, xs)).astype(c.dtype)
+        G = 0.5 * self.slope * jnp.einsum("b,bns->ns", c[:, 0], Xs)
+        return pair_matrix(G, self.p, 0, Xs.shape[1])
+
+    def sample_size(self):
+        return self.length + self.positions * self.kernel_size
 
     def layer(self, W, x):
         W, x = check_weights(self, W), check_input(self, x)

@@ -7,7 +7,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .base import AbstractStructure, check_input, check_unit, check_weights, size
+from ._blocks import pair_matrix, pair_part, readout_contract, readout_weighted_sum
+from .base import (
+    AbstractStructure,
+    check_batch,
+    check_input,
+    check_unit,
+    check_weights,
+    size,
+)
 from .perceptron import _slope_at_zero
 
 
@@ -37,7 +45,7 @@ class MixtureOfExperts(AbstractStructure):
 
     $$A(x) = \frac{c}{2}\begin{pmatrix} 0 & x x^\top \\ x x^\top & 0\end{pmatrix},$$
 
-    exactly additive (THEORY.md section 1).
+    exactly additive.
 
     The layer holds at most `experts` units (`max_units`); a `W` with fewer
     columns leaves the remaining experts switched off (zero weights: router logit
@@ -107,6 +115,35 @@ class MixtureOfExperts(AbstractStructure):
             return out.at[d + k :, d + j].set(half)
 
         return jax.vmap(one)(jnp.arange(k))
+
+    # The router block of A is zero and the expert block is a perceptron's
+    # (softmax gate: readout row j times x, over E), or the pair (x x^T, x x^T)
+    # (factor gate): the hooks contract the samples directly, O(k d) or O(d^2)
+    # per sample.
+
+    def contract(self, xs, X):
+        xs = check_batch(self, xs)
+        d = self.d
+        if self.gate == "factor":
+            # Tr[A X] = c x^T B x with B the symmetrised router-expert block
+            B = pair_part(X, 0, d, d, d)
+            xs = xs.astype(X.dtype)
+            return self.slope * jnp.sum((xs @ B) * xs, axis=1, keepdims=True)
+        scale = 0.5 * self.slope / self.experts
+        return readout_contract(xs, X, scale=scale, k=self.k, r0=d, c0=d + self.k)
+
+    def weighted_sum(self, xs, c):
+        xs = check_batch(self, xs)
+        d = self.d
+        if self.gate == "factor":
+            xs = xs.astype(c.dtype)
+            G = 0.5 * self.slope * (xs * c).T @ xs  # sum_s c_s (c/2) x_s x_s^T
+            return pair_matrix(G, self.p, 0, d)
+        scale = 0.5 * self.slope / self.experts
+        return readout_weighted_sum(xs, c, scale=scale, p=self.p, r0=d, c0=d + self.k)
+
+    def sample_size(self):
+        return self.d + self.k
 
     def layer(self, W, x):
         W, x = check_weights(self, W), check_input(self, x)

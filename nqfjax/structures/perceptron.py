@@ -8,7 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import AbstractStructure, check_input, check_unit, check_weights, size
+from ._blocks import readout_contract, readout_weighted_sum
+from .base import (
+    AbstractStructure,
+    check_batch,
+    check_input,
+    check_unit,
+    check_weights,
+    size,
+)
 
 
 def _slope_at_zero(activation: Callable) -> float:
@@ -48,7 +56,7 @@ class Perceptron(AbstractStructure):
 
     $$A_j(x) = \tfrac{c}{2}(e_j x^\top + x e_j^\top)$$
 
-    in the `(k + d)` block layout (THEORY.md section 1).
+    in the `(k + d)` block layout.
 
     **Arguments:**
 
@@ -96,17 +104,20 @@ class Perceptron(AbstractStructure):
         )
         return jnp.concatenate([top, bottom], axis=1)
 
-    # A_j(x) is nonzero only in row/column j of the readout block: O(k d) per
-    # sample instead of O(k p^2) (`task_from_samples` on wide inputs)
+    # A_j(x) is nonzero only in row/column j of the readout block: the hooks
+    # contract the samples directly, O(k d) per sample instead of O(k p^2).
 
     def contract(self, xs, X):
-        # Tr[A_j(x) X] = c X[j, k:] . x for symmetric X
-        return self.slope * xs.astype(X.dtype) @ X[: self.k, self.k :].T
+        xs = check_batch(self, xs)
+        return readout_contract(
+            xs, X, scale=0.5 * self.slope, k=self.k, r0=0, c0=self.k
+        )
 
     def weighted_sum(self, xs, c):
-        G = 0.5 * self.slope * c.T @ xs.astype(c.dtype)  # (k, d)
-        out = jnp.zeros((self.p, self.p), c.dtype)
-        return out.at[: self.k, self.k :].set(G).at[self.k :, : self.k].set(G.T)
+        xs = check_batch(self, xs)
+        return readout_weighted_sum(
+            xs, c, scale=0.5 * self.slope, p=self.p, r0=0, c0=self.k
+        )
 
     def sample_size(self):
         return self.k + self.d

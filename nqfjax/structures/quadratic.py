@@ -5,7 +5,14 @@ from typing import final
 import equinox as eqx
 import jax.numpy as jnp
 
-from .base import AbstractStructure, check_input, check_unit, check_weights, size
+from .base import (
+    AbstractStructure,
+    check_batch,
+    check_input,
+    check_unit,
+    check_weights,
+    size,
+)
 
 
 @final
@@ -40,6 +47,20 @@ class QuadraticNet(AbstractStructure):
     def A(self, x):
         x = check_input(self, x)
         return jnp.outer(x, x)[None]
+
+    # A(x) = x x^T is rank one: the hooks never form it per sample (O(d) memory
+    # per sample instead of O(d^2)).
+
+    def contract(self, xs, X):
+        xs = check_batch(self, xs).astype(X.dtype)
+        return jnp.sum((xs @ X) * xs, axis=1, keepdims=True)
+
+    def weighted_sum(self, xs, c):
+        xs = check_batch(self, xs).astype(c.dtype)
+        return (xs * c).T @ xs
+
+    def sample_size(self):
+        return self.d
 
     def unit(self, w, x):
         w, x = check_unit(self, w), check_input(self, x)

@@ -21,8 +21,8 @@ from .base import Task
 
 
 def _default_batch_size(n: int, structure: AbstractStructure) -> int:
-    # Keep what one chunk of samples holds (for most structures the matrices
-    # A(x_s), (b, k, p, p)) near 2^21 numbers.
+    # Keep what one chunk of samples holds in the batch hooks (b * sample_size()
+    # numbers: the stacked A(x_s), b k p^2, with the default hooks) near 2^21.
     return int(max(1, min(n, 2**21 // max(1, structure.sample_size()))))
 
 
@@ -83,12 +83,13 @@ class SampledTask(Task):
     y2 = \frac1n \sum_s |\tilde y_s|^2,$$
 
     with targets $\tilde y_s = y_s - f(x_s; 0)$ (`offsets`, the layer at zero
-    weights; zero for perceptrons and quadratic networks). `K` recomputes
-    `A(x_s)` in chunks of `batch_size` samples, so memory is
-    `O(batch_size k p^2)` and nothing of size `p^4` or `n k p^2` is stored; for the
-    perceptron, whose `A_j(x)` are sparse, the structure contracts the samples
-    directly (`O(n k (k + d))` per application of `K`) without building any
-    `A(x_s)`.
+    weights; zero for perceptrons and quadratic networks). `K` and `C` reach the
+    samples only through the structure's batch hooks `contract` and
+    `weighted_sum`, in chunks of `batch_size` samples, so the memory of applying
+    `K` is `O(batch_size * structure.sample_size() + p^2)` and nothing of size
+    `p^4` or `n k p^2` is stored. The built-in structures contract the samples
+    in closed form, without building any `A(x_s)`; a structure that keeps the
+    default hooks recomputes `A(x_s)` per chunk (`sample_size() = k p^2`).
 
     `loss(M)` is the empirical squared loss of the quadratic model including its
     offset, $\frac1{2n}\sum_s |f(x_s; 0) + \mathrm{Tr}[M A(x_s)] - y_s|^2$.
@@ -138,17 +139,18 @@ def task_from_samples(
     r"""The empirical task of samples `(xs, ys)` through `structure`.
 
     $K[X] = \frac1n\sum_s\sum_j A_j(x_s)\,\mathrm{Tr}[A_j(x_s) X]$ is applied
-    matrix-free (the `A(x_s)` are recomputed in chunks, never a `p^4` tensor),
+    matrix-free, chunk by chunk of samples through the structure's batch hooks
+    (never a `p^4` tensor; no `A(x_s)` at all for the built-in structures),
     $C = \frac1n\sum_s\sum_j \tilde y_{sj} A_j(x_s)$ and
     $y2 = \frac1n \sum_s |\tilde y_s|^2$.
 
     The targets are $\tilde y_s = y_s - f(x_s; 0)$ when `subtract_offset` (the
     default): the layer at zero weights, `structure.layer(zeros((p, 1)), x)`,
-    is a constant of the dynamics, not something the units learn (THEORY.md
-    section 1; it vanishes for perceptrons and quadratic networks, not for
-    softmax attention). Then `task.loss(W W^T)` equals the empirical squared
-    loss $\frac1{2n}\sum_s |f(x_s;0) + \mathrm{Tr}[W W^\top A(x_s)] - y_s|^2$
-    of the quadratic model, which is what `train(structure, xs, ys)` minimises.
+    is a constant of the dynamics, not something the units learn (it vanishes
+    for perceptrons and quadratic networks, not for softmax attention). Then
+    `task.loss(W W^T)` equals the empirical squared loss
+    $\frac1{2n}\sum_s |f(x_s;0) + \mathrm{Tr}[W W^\top A(x_s)] - y_s|^2$ of the
+    quadratic model, which is what `train(structure, xs, ys)` minimises.
     With `subtract_offset=False` the offset is ignored.
 
     As `n` grows the task converges to the population task (for Gaussian inputs,

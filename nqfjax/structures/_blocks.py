@@ -1,0 +1,58 @@
+r"""Off-diagonal block matrices: the closed-form batch hooks of the built-in
+structures (private).
+
+Every built-in structure except the quadratic network has structure matrices of
+one shape: a block $U_j(x)$ (rows `r`, columns `c`, disjoint) and its transpose,
+
+$$A_j(x) = \begin{pmatrix} 0 & U_j(x) \\ U_j(x)^\top & 0 \end{pmatrix}
+\quad\text{on } (r, c), \text{ zero elsewhere,}$$
+
+so that $\mathrm{Tr}[A_j(x) X] = 2\langle U_j(x), B\rangle$ with
+$B = \tfrac12(X_{rc} + X_{cr}^\top)$ (`pair_part`), and
+$\sum_{s,j} c_{sj} A_j(x_s)$ is the same pattern around
+$\sum_{s,j} c_{sj} U_j(x_s)$ (`pair_matrix`). With $U_j(x)$ of rank one or a
+patch matrix, neither ever forms a `(p, p)` matrix per sample.
+"""
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+
+def pair_part(X: Float[Array, "p p"], r0: int, nr: int, c0: int, nc: int):
+    r"""$B = \tfrac12(X_{rc} + X_{cr}^\top)$, shape `(nr, nc)`, for the rows
+    `r = r0 .. r0 + nr` and columns `c = c0 .. c0 + nc`."""
+    return 0.5 * (X[r0 : r0 + nr, c0 : c0 + nc] + X[c0 : c0 + nc, r0 : r0 + nr].T)
+
+
+def pair_matrix(G, p: int, r0: int, c0: int) -> Float[Array, "p p"]:
+    """The `(p, p)` matrix with `G` (shape `(nr, nc)`) at rows `r0 ..` and columns
+    `c0 ..`, `G^T` at the mirrored place, zero elsewhere."""
+    nr, nc = G.shape
+    out = jnp.zeros((p, p), G.dtype)
+    out = out.at[r0 : r0 + nr, c0 : c0 + nc].set(G)
+    return out.at[c0 : c0 + nc, r0 : r0 + nr].set(G.T)
+
+
+def readout_contract(V, X, *, scale: float, k: int, r0: int, c0: int):
+    r"""`contract` for $U_j(x) = s\, e_j v(x)^\top$ (a readout row times a feature
+    vector, as in a perceptron): $\mathrm{Tr}[A_j(x_s) X] = 2 s\,(B v_s)_j$.
+
+    **Arguments:** `V`, the features $v(x_s)$ of the batch, shape `(b, n)`; `X`,
+    shape `(p, p)`; `scale` $s$; `k` readout rows from `r0`; features from `c0`.
+
+    **Returns:** shape `(b, k)`, in the dtype of `X`.
+    """
+    B = pair_part(X, r0, k, c0, V.shape[1])
+    return 2.0 * scale * V.astype(X.dtype) @ B.T
+
+
+def readout_weighted_sum(V, c, *, scale: float, p: int, r0: int, c0: int):
+    r"""`weighted_sum` for $U_j(x) = s\, e_j v(x)^\top$:
+    $\sum_{s,j} c_{sj} U_j(x_s) = s\, c^\top V$ in the pair pattern.
+
+    **Arguments:** `V`, shape `(b, n)`; `c`, shape `(b, k)`; `scale` $s$; `p`;
+    readout rows from `r0`, features from `c0`.
+
+    **Returns:** shape `(p, p)`, in the dtype of `c`.
+    """
+    return pair_matrix(scale * c.T @ V.astype(c.dtype), p, r0, c0)
