@@ -13,14 +13,9 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ..engines.clock import (
-    _check_momentum,
-    clock,
-    invert_clock,
-    solve_lv_schedule,
-    solve_mflow_schedule,
-)
-from ..engines.lv import lv_reduce
+from ..engines.clock import check_momentum, clock, invert_clock
+from ..engines.lv import lv_reduce, solve_lv
+from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, log_spaced_steps, train
 from ..structures.base import Structure
 from ..tasks.sampled import task_from_samples
@@ -96,7 +91,7 @@ class Method(eqx.Module):
             if not (np.isfinite(eta) and eta > 0):
                 raise ValueError(f"`learning_rate` must be > 0, got {eta}.")
         if self.optimizer == "momentum":
-            _check_momentum(self.momentum)
+            check_momentum(self.momentum)
         b = self.batch_size
         if isinstance(b, tuple):
             starts = [s for s, _ in b]
@@ -391,7 +386,8 @@ def compare_methods(
     amplitudes $m_k = u_k^\top M u_k$ in `basis` (default: the Lotka-Volterra
     basis of `lv_reduce(task_from_samples(structure, xs, ys), 1.0)`); the
     M-space flow from $M_0 = W_0 W_0^\top$ is run on the method's clock
-    (`solve_mflow_schedule`: exact gradient flow for any `W0`, aligned or not).
+    (`solve_mflow` with the schedule: exact gradient flow for any `W0`, aligned
+    or not).
     The switch-on time of a mode is the first time it reaches `level` times the
     peak of its flow curve, measured the same way on both
     (`switch_times_from_curves`); modes that grow less than `min_growth` times
@@ -421,10 +417,10 @@ def compare_methods(
       segment by segment.
 
     **The reference.** `reference="mflow"` (default) integrates
-    `solve_mflow_schedule` from $M_0$ (exact for any `W0`; its default
+    `solve_mflow` from $M_0$ (exact for any `W0`; its default
     implicit solver compiles slowly, pass e.g.
     `solve_options=dict(solver=diffrax.Tsit5())` for small problems);
-    `reference="lv"` integrates `solve_lv_schedule` from the diagonal of $M_0$
+    `reference="lv"` integrates `solve_lv` (on the clock) from the diagonal of $M_0$
     in the Lotka-Volterra basis, exact when `W0` is aligned with the modes
     (then `basis` must not be given) and much cheaper.
 
@@ -515,7 +511,7 @@ def compare_methods(
             loss_runs = np.stack([np.asarray(o.loss) for o in outs])
 
         if reference == "mflow":
-            M_flow = solve_mflow_schedule(
+            flow = solve_mflow(
                 task,
                 M0,
                 ts,
@@ -524,20 +520,18 @@ def compare_methods(
                 momentum=mth.clock_momentum,
                 **opts,
             )
-            flow_m = np.asarray(jnp.einsum("pk,tpq,qk->tk", basis, M_flow, basis))
-            flow_loss = np.asarray(jax.vmap(task.loss)(M_flow))
+            flow_m = np.asarray(jnp.einsum("pk,tpq,qk->tk", basis, flow.ys, basis))
         else:
-            flow_m = np.asarray(
-                solve_lv_schedule(
-                    lv_unit,
-                    np.maximum(m0, np.finfo(m0.dtype).tiny),
-                    ts,
-                    mth.learning_rate,
-                    momentum=mth.clock_momentum,
-                    **opts,
-                )
+            flow = solve_lv(
+                lv_unit,
+                np.maximum(m0, np.finfo(m0.dtype).tiny),
+                ts,
+                mth.learning_rate,
+                momentum=mth.clock_momentum,
+                **opts,
             )
-            flow_loss = np.asarray(lv_unit.loss(jnp.asarray(flow_m)))
+            flow_m = np.asarray(flow.ys)
+        flow_loss = np.asarray(flow.loss)
         # a mode is on if it grew `min_growth`-fold and had settled by the end
         # (over the last tenth of the run it grew by less than 5%), so that its
         # peak is its plateau value and not where the run happened to stop
