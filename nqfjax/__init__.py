@@ -21,18 +21,21 @@ from .data import (
     load_data_file as load_data_file,
     load_dataset as load_dataset,
 )
+from .engines._integrate import Solution as Solution
 from .engines.clock import (
     clock as clock,
     invert_clock as invert_clock,
-    solve_lv_schedule as solve_lv_schedule,
-    solve_mflow_schedule as solve_mflow_schedule,
 )
 from .engines.lv import (
     NotReducibleError as NotReducibleError,
     lv_reduce as lv_reduce,
     solve_lv as solve_lv,
+    solve_lv_schedule as solve_lv_schedule,
 )
-from .engines.mflow import solve_mflow as solve_mflow
+from .engines.mflow import (
+    solve_mflow as solve_mflow,
+    solve_mflow_schedule as solve_mflow_schedule,
+)
 from .engines.train import TrainResult as TrainResult, train as train
 from .experiments.curve import (
     Curve as Curve,

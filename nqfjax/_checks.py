@@ -5,6 +5,9 @@ the argument; value problems (NaN, a negative scale) use `eqx.error_if`, which
 works under `jit` and `vmap`.
 """
 
+import functools
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -133,3 +136,31 @@ def symmetric_psd(name: str, X, *, rtol: float = 1e-6):
     return eqx.error_if(
         X, min_eig < -tol * X.shape[0], f"`{name}` must be positive semi-definite."
     )
+
+
+def renamed_keywords(**renames: str):
+    """Decorator: accept the keyword `old` of `old="new"` for one release, with a
+    `DeprecationWarning`, as the keyword `new` of the decorated function."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(
+                            f"{fn.__name__}() got both `{old}` and `{new}`; `{old}` "
+                            f"is the deprecated name of `{new}`."
+                        )
+                    warnings.warn(
+                        f"The keyword `{old}` of {fn.__name__}() is deprecated; use "
+                        f"`{new}`.",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

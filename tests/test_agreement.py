@@ -89,12 +89,10 @@ def test_three_engines_aligned_quadratic_net(quadratic):
     M0 = W0 @ W0.T
     ts = jnp.asarray(RECORD, jnp.float64)
 
-    L_flow = np.asarray(
-        jax.vmap(task.loss)(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL))
-    )
+    L_flow = np.asarray(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL).loss)
     m0 = np.diag(basis.T @ M0 @ basis)
     np.testing.assert_allclose(m0, eps, rtol=1e-12)
-    L_lv = np.asarray(lv.loss(nqfjax.solve_lv(lv, m0, ts, **TOL)))
+    L_lv = np.asarray(nqfjax.solve_lv(lv, m0, ts, **TOL).loss)
     coarse, fine, L_gd = _gd_richardson(structure, xs, ys, W0)
 
     # the curve really has two sudden drops and falls below 1e-3 of its start
@@ -136,9 +134,7 @@ def test_not_reducible_but_mflow_matches_w_space(quadratic):
     W0 = 1e-3 * rng.normal(size=(D, D))  # random init, M0 generic
     M0 = W0 @ W0.T
     L_flow = np.asarray(
-        jax.vmap(task.loss)(
-            nqfjax.solve_mflow(task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL)
-        )
+        nqfjax.solve_mflow(task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL).loss
     )
     _, _, L_gd = _gd_richardson(structure, jnp.asarray(xs), jnp.asarray(ys), W0)
     assert L_flow[-1] < 0.1 * L_flow[0]  # something was learned
@@ -216,7 +212,7 @@ def test_whitened_tanh_perceptron_matches_lv(perceptron):
     )
     L_w = np.asarray(res.loss)
     m0 = np.diag(basis.T @ M0 @ basis)  # LV from the diagonal of the same M0
-    L_lv = np.asarray(lv.loss(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float))))
+    L_lv = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float)).loss)
     np.testing.assert_allclose(L_w[0], L_lv[0], rtol=1e-8)  # same start (+O(W^4))
     np.testing.assert_allclose(L_lv[0], plateaus[0], rtol=1e-4)
 
@@ -270,7 +266,7 @@ def test_unaligned_init_gap_shrinks_with_scale(perceptron):
     gaps = []
     for i, s in enumerate(np.asarray(scales)):
         m0 = np.diag(basis.T @ (s**2 * Z @ Z.T) @ basis)
-        L_lv = np.asarray(lv.loss(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float))))
+        L_lv = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float)).loss)
         t_w = _crossings(record, np.asarray(res.loss[i]), levels)
         t_lv = _crossings(record, L_lv, levels)
         gaps.append(np.max(np.abs(t_w / t_lv - 1)))

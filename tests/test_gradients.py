@@ -82,7 +82,7 @@ def _lv_curve(log_sigma, eta, weight_decay, alpha, beta, r, B):
     )
     m0 = jnp.exp(2 * log_sigma) * jnp.array([1.0, 2.0, 3.0])
     ts = jnp.array([20.0, 40.0, 80.0, 160.0])
-    return lv.loss(nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5(), **TOL))
+    return nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5(), **TOL).loss
 
 
 def test_solve_lv_gradients(getkey):
@@ -110,7 +110,7 @@ def _switch_times(lv, m0, t_guess):
             solver=diffrax.Tsit5(),
             adjoint=diffrax.ForwardMode(),
             **TOL,
-        )[0]
+        ).ys[0]
 
     def newton(t):
         m = jax.vmap(solve_at)(t)  # (p modes, p): row k is m(t_k)
@@ -161,10 +161,9 @@ def _mflow_curve(log_sigma, eta, weight_decay, alpha, beta):
     task = nqfjax.power_law_task(3, alpha, beta)
     M0 = jnp.exp(2 * log_sigma) * W0 @ W0.T
     ts = jnp.array([10.0, 20.0, 40.0, 80.0])
-    M = nqfjax.solve_mflow(
+    return nqfjax.solve_mflow(
         task, M0, ts, eta, weight_decay, solver=diffrax.Tsit5(), **TOL
-    )
-    return jax.vmap(task.loss)(M)
+    ).loss
 
 
 def test_solve_mflow_gradients(getkey):

@@ -1,13 +1,16 @@
-"""The Lotka-Volterra reduction (`lv_reduce`) and its solver (`solve_lv`).
+"""The Lotka-Volterra reduction (`lv_reduce`) and its solver (`solve_lv`): closed
+forms, scipy, the non-negative QP of the equilibrium, modes that die, learning
+rates and schedules, and the argument checks.
 
-THEORY.md sections 3-4. Solves in float64 use one set of options (p = 5, 64
-output times, rtol = atol = 1e-10) so that diffrax compiles once for the module.
+Solves in float64 mostly use one set of options (p = 5, 64 output times,
+rtol = atol = 1e-10) so that diffrax compiles once for the module.
 """
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import scipy.integrate
 
@@ -23,12 +26,13 @@ def _orth(rng, d):
 
 
 def _solve(lv, m0, ts, **kw):
-    return nqfjax.solve_lv(lv, m0, ts, rtol=TOL, atol=TOL, **kw)
+    return nqfjax.solve_lv(lv, m0, ts, rtol=TOL, atol=TOL, **kw).ys
 
 
 def _logistic(t, r, mstar, eps):
-    """THEORY.md section 4: an isolated mode."""
-    return mstar / (1.0 + (mstar / eps - 1.0) * np.exp(-r * t))
+    """An isolated mode."""
+    with np.errstate(over="ignore"):  # a dying mode's e^{-r t} -> inf, m -> 0
+        return mstar / (1.0 + (mstar / eps - 1.0) * np.exp(-r * t))
 
 
 def _interacting(rng, p=P, eta=0.1):
@@ -56,7 +60,7 @@ def _quadratic_commuting(rng, d=P, theta=0.0):
 def test_perceptron_modes_are_logistic():
     """Whitened perceptron: each singular value of E[y x^T] = T gives a logistic
     mode along (a_s, b_s)/sqrt2 with r = 2 eta c sigma, m* = 2 sigma / c, and
-    solve_lv reproduces the closed form of THEORY.md section 4."""
+    solve_lv reproduces the logistic closed form."""
     rng = np.random.default_rng(1)
     k, d, eta, c = 2, 3, 0.1, 1.0
     a, b = _orth(rng, k), _orth(rng, d)
@@ -111,7 +115,7 @@ def test_perceptron_degenerate_singular_values():
 
 def test_lv_loss_equals_task_loss():
     """lv.loss(m) == task.loss(U diag(m) U^T) for the reducible tasks, and the
-    quadratic network's B is 4 eta (2 diag(s^2) + s s^T) (THEORY.md section 3)."""
+    quadratic network's B is 4 eta (2 diag(s^2) + s s^T)."""
     rng = np.random.default_rng(3)
     eta = 0.05
     quad = _quadratic_commuting(rng)
@@ -164,6 +168,7 @@ def test_not_reducible_error():
         err = info.value
         assert err.violation > err.tol
         assert f"violation {err.violation:.3g} > tol {err.tol:.3g}" in str(err)
+        assert err.tol == 1e-6  # the float64 default it exceeded
         violations.append(err.violation)
     v = np.array(violations)
     assert np.all((v > 1e-6) & (v < 1))
@@ -214,7 +219,7 @@ def test_solve_lv_float32_from_1e30():
     m = np.asarray(
         nqfjax.solve_lv(
             lv32, jnp.full(P, eps, jnp.float32), jnp.asarray(ts, jnp.float32)
-        )
+        ).ys
     )
     assert m.dtype == np.float32
     exact = np.stack([_logistic(ts, r[i], r[i] / Bd[i], eps) for i in range(P)], 1)
@@ -227,7 +232,7 @@ def test_solve_lv_float32_from_1e30():
     m32 = np.asarray(
         nqfjax.solve_lv(
             lv32, jnp.asarray(m0, jnp.float32), jnp.asarray(ts, jnp.float32)
-        )
+        ).ys
     )
     m64 = np.asarray(_solve(lv, jnp.asarray(m0), jnp.asarray(ts)))
     # relative error on every component, down to 1e-30 (measured ~2e-4)
@@ -243,7 +248,7 @@ def test_solve_lv_float32_from_1e30():
     ts = np.linspace(0.0, 1500.0, NT)
     m32 = nqfjax.solve_lv(
         lv32, jnp.full(P, eps, jnp.float32), jnp.asarray(ts, jnp.float32)
-    )
+    ).ys
     m64 = _solve(lv, jnp.full(P, eps), jnp.asarray(ts))
     assert np.max(np.asarray(m64[-1])) == pytest.approx(3.0, rel=1e-3)
     np.testing.assert_allclose(m32, m64, rtol=1e-3)
@@ -285,19 +290,35 @@ def test_solve_lv_grad_matches_finite_differences():
 
 def test_solve_lv_vmap_and_failure():
     """vmap over initial scales (throw=False, as in sweeps) agrees with separate
-    solves; a solve that hits max_steps returns NaN, never a truncated curve.
+    solves, with a batched `Solution`; a solve that hits max_steps returns NaN
+    (states and loss), never a truncated curve.
     (Tsit5 here: its compile is cheap and the semantics are solver-independent.)"""
     rng = np.random.default_rng(9)
     lv = _interacting(rng)
     ts = jnp.linspace(0.0, 300.0, NT)
     m0s = jnp.outer(jnp.asarray([1e-10, 1e-6]), jnp.ones(P))
     tsit = diffrax.Tsit5()
-    batched = jax.vmap(lambda m0: _solve(lv, m0, ts, throw=False, solver=tsit))(m0s)
+    batched = jax.vmap(
+        lambda m0: nqfjax.solve_lv(
+            lv, m0, ts, rtol=TOL, atol=TOL, throw=False, solver=tsit
+        )
+    )(m0s)
+    assert batched.ys.shape == (2, NT, P) and batched.loss.shape == (2, NT)
+    assert np.all(np.asarray(batched.succeeded))
+    steps = batched.stats
+    np.testing.assert_array_equal(
+        steps["num_steps"], steps["num_accepted_steps"] + steps["num_rejected_steps"]
+    )
     for i in range(2):
         # two solvers, each at rtol 1e-10 per step: 1e-6 leaves ample room
-        np.testing.assert_allclose(batched[i], _solve(lv, m0s[i], ts), rtol=1e-6)
+        np.testing.assert_allclose(batched.ys[i], _solve(lv, m0s[i], ts), rtol=1e-6)
+        # the loss along ts is lv.loss of the states (same arithmetic)
+        np.testing.assert_allclose(batched.loss[i], lv.loss(batched.ys[i]), rtol=1e-14)
     bad = nqfjax.solve_lv(lv, m0s[0], ts, max_steps=4, throw=False, solver=tsit)
-    assert np.all(np.isnan(np.asarray(bad)))
+    assert np.all(np.isnan(np.asarray(bad.ys))) and np.all(np.isnan(bad.loss))
+    assert not bool(bad.succeeded)
+    assert bad.result == diffrax.RESULTS.max_steps_reached
+    assert int(bad.stats["num_steps"]) == 4
 
 
 def test_solve_lv_bad_input():
@@ -324,7 +345,7 @@ def test_lv_reduce_bad_input():
     task = nqfjax.power_law_task(4, 1.0, 0.5)
     quad = _quadratic_commuting(np.random.default_rng(11))
     for eta in (0.0, -1.0, np.nan):
-        with pytest.raises(ValueError, match="eta"):
+        with pytest.raises(ValueError, match="learning_rate"):
             nqfjax.lv_reduce(quad, eta)
     with pytest.raises(ValueError, match="weight_decay"):
         nqfjax.lv_reduce(quad, 0.1, -0.5)
@@ -339,7 +360,7 @@ def test_lv_reduce_bad_input():
 
 def test_solve_lv_decay_closed_form():
     """Weight decay: an isolated mode is logistic with r - decay and
-    m* = (r - decay) / B (THEORY.md sections 3-4)."""
+    m* = (r - decay) / B ()."""
     r, b, delta, eps = 0.6, 0.3, 0.2, 1e-8
     rs = np.array([r, 0.5, 0.4, 0.3, 0.25])
     lv = nqfjax.LotkaVolterra(jnp.asarray(rs), jnp.diag(jnp.full(P, b)), delta)
@@ -349,3 +370,213 @@ def test_solve_lv_decay_closed_form():
         exact = _logistic(ts, rs[i] - delta, (rs[i] - delta) / b, eps)
         np.testing.assert_allclose(m[:, i], exact, rtol=1e-6)
     np.testing.assert_allclose(lv.fixed_point_isolated(), (rs - delta) / b)
+
+
+# --------------------------------------------------------------------------------
+# modes that die (r < 0, or suppressed by the others)
+
+
+@pytest.mark.parametrize("dtype, T", [(jnp.float32, 1e7), (jnp.float64, 1e12)])
+def test_dying_mode_costs_few_steps(dtype, T):
+    """r = [-1, 1], B = I (issue 13: float32 from T = 1e6 and float64 from
+    T = 1e12 used to end in "max_steps reached"): both modes are logistic (the
+    dying one with m* = r = -1, i.e. m = 1 / (3 e^t - 1) from 1/2) down to the
+    smallest normal float, the dying one is reported as 0 below it, and the
+    whole solve takes a few hundred steps."""
+    lv = nqfjax.LotkaVolterra(jnp.asarray([-1.0, 1.0], dtype), jnp.eye(2, dtype=dtype))
+    m0 = np.array([0.5, 1e-3])
+    ts = np.geomspace(1e-2, T, 40)
+    sol = nqfjax.solve_lv(lv, jnp.asarray(m0, dtype), jnp.asarray(ts, dtype))
+    assert sol.ys.dtype == dtype and bool(sol.succeeded)
+    # measured 90 (float32) and 450 (float64) steps
+    assert int(sol.stats["num_steps"]) < 1000
+    m = np.asarray(sol.ys, np.float64)
+    np.testing.assert_array_equal(m[-1], [0.0, 1.0])
+    tiny = float(jnp.finfo(dtype).tiny)
+    decay = _logistic(ts, -1.0, -1.0, m0[0])
+    off = decay < tiny
+    assert off.sum() > 10 and (~off).sum() > 10  # both regimes are sampled
+    np.testing.assert_array_equal(m[off, 0], 0.0)
+    # default tolerances: atol 1e-5 (float32) / 1e-9 (float64) per step on log m
+    rtol = 1e-3 if dtype == jnp.float32 else 1e-6
+    np.testing.assert_allclose(m[~off, 0], decay[~off], rtol=rtol)
+    np.testing.assert_allclose(m[:, 1], _logistic(ts, 1.0, 1.0, m0[1]), rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype, T", [(jnp.float32, 1e7), (jnp.float64, 1e12)])
+def test_suppressed_modes_end_at_the_nnqp(dtype, T):
+    """Ten interacting modes, some with r < 0 and some suppressed by the others:
+    the solve reaches T in a few hundred steps and ends at the stable
+    equilibrium, the non-negative QP's solution (active set, `nqfjax.nnqp`), with
+    the dead modes reported as exactly 0."""
+    rng = np.random.default_rng(4)
+    p = 10
+    G = rng.standard_normal((p, p)) / np.sqrt(p)
+    B = np.diag(rng.uniform(0.5, 1.5, p)) + G @ G.T
+    r = rng.uniform(-0.5, 1.0, p)
+    ref = np.asarray(nqfjax.nnqp(jnp.asarray(B), jnp.asarray(r)).m)
+    assert np.sum((ref == 0) & (r < 0)) == 2 and np.sum((ref == 0) & (r > 0)) == 2
+    lv = nqfjax.LotkaVolterra(jnp.asarray(r, dtype), jnp.asarray(B, dtype))
+    ts = jnp.asarray(np.geomspace(1.0, T, 20), dtype)
+    sol = nqfjax.solve_lv(lv, jnp.full(p, 1e-6, dtype), ts)
+    assert int(sol.stats["num_steps"]) < 2000  # measured 196 and 1145
+    m = np.asarray(sol.ys[-1], np.float64)
+    np.testing.assert_array_equal(m[ref == 0], 0.0)
+    # the equilibrium to roundoff (measured 4e-8 and 6e-16)
+    np.testing.assert_allclose(m, ref, atol=(1e-5 if dtype == jnp.float32 else 1e-12))
+
+
+def test_m0_below_the_smallest_normal_refused():
+    """A subnormal m0 (1e-40 in float32, 1e-310 in float64) is flushed to zero in
+    arithmetic: refused with a message saying so, eagerly and under jit."""
+    lv32 = nqfjax.LotkaVolterra(jnp.ones(2, jnp.float32), jnp.eye(2, dtype=jnp.float32))
+    lv64 = nqfjax.LotkaVolterra(jnp.ones(2), jnp.eye(2))
+    ts = jnp.asarray([1.0, 2.0])
+    with pytest.raises(ValueError, match="smallest normal float32"):
+        nqfjax.solve_lv(lv32, np.array([1e-40, 1e-3], np.float32), ts)
+    with pytest.raises(ValueError, match="smallest normal float64"):
+        nqfjax.solve_lv(lv64, np.array([1e-310, 1e-3]), ts)
+    f = jax.jit(lambda m0: nqfjax.solve_lv(lv64, m0, ts, solver=diffrax.Tsit5()).ys)
+    with pytest.raises(RuntimeError, match="smallest normal float64"):
+        f(jnp.asarray([1e-310, 1e-3]))
+
+
+def test_max_steps_reached_names_the_moving_modes():
+    """r = (1, 1e-3), m0 = (1e-3, 1e-6) to t = 2e4 needs 784 steps: stopped at
+    500, the fast mode has settled and the slow one is still growing, which
+    `stats["moving"]` says; with throw=True the error names max_steps."""
+    lv = nqfjax.LotkaVolterra(jnp.array([1.0, 1e-3]), jnp.diag(jnp.array([1.0, 1e-3])))
+    m0, ts = jnp.array([1e-3, 1e-6]), jnp.array([2e4])
+    sol = nqfjax.solve_lv(lv, m0, ts, max_steps=500, throw=False)
+    assert not bool(sol.succeeded) and np.all(np.isnan(np.asarray(sol.ys)))
+    assert int(sol.stats["num_steps"]) == 500
+    # measured: settled from 400 steps on, the second mode moves until 784
+    np.testing.assert_array_equal(sol.stats["moving"], [False, True])
+    with pytest.raises(RuntimeError, match=r"max_steps` = 500.*moving"):
+        nqfjax.solve_lv(lv, m0, ts, max_steps=500)
+    for bad in (0, -1, 2.5, None):
+        with pytest.raises(ValueError, match="max_steps"):
+            nqfjax.solve_lv(lv, m0, ts, max_steps=bad)
+
+
+# --------------------------------------------------------------------------------
+# tolerances and times
+
+
+def test_bad_tolerances_refused():
+    """Issue 13: one logistic mode with rtol = -1 came back 5000% off, with
+    atol = -1 25% off. Every negative or non-finite tolerance (and rtol = atol =
+    0) is refused naming it, eagerly, in a given controller and under jit; good
+    tolerances give the closed form."""
+    lv = nqfjax.LotkaVolterra(jnp.array([0.5]), jnp.array([[0.5]]))
+    m0, ts = jnp.array([1e-6]), jnp.linspace(1.0, 60.0, 8)
+    good = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=1e-10).ys[:, 0]
+    np.testing.assert_allclose(
+        good, _logistic(np.asarray(ts), 0.5, 1.0, 1e-6), rtol=1e-7
+    )
+    bad = [
+        (dict(rtol=-1.0), "rtol"),
+        (dict(atol=-1.0), "atol"),
+        (dict(rtol=np.nan), "rtol"),
+        (dict(atol=np.inf), "atol"),
+        (dict(rtol=0.0, atol=0.0), "both be 0"),
+        (dict(stepsize_controller=diffrax.PIDController(rtol=-1.0, atol=1e-6)), "rtol"),
+        (
+            dict(stepsize_controller=diffrax.PIDController(rtol=0, atol=1), atol=1.0),
+            "not both",
+        ),
+    ]
+    for kw, name in bad:
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(lv, m0, ts, **kw)
+        # a closed-over tolerance is concrete under jit: the same eager error
+        with pytest.raises(ValueError, match=name):
+            jax.jit(lambda m0, kw=kw: nqfjax.solve_lv(lv, m0, ts, **kw).ys)(m0)
+    # traced tolerances are checked when the solve runs
+    f = jax.jit(lambda rtol, atol: nqfjax.solve_lv(lv, m0, ts, rtol=rtol, atol=atol).ys)
+    with pytest.raises(RuntimeError, match="rtol"):
+        f(-1.0, 1e-9)
+    with pytest.raises(RuntimeError, match="atol"):
+        f(0.0, -1.0)
+    np.testing.assert_allclose(f(0.0, 1e-10)[:, 0], good, rtol=1e-12)
+
+
+def test_bad_times_refused():
+    """Empty `ts`, and a float64 `ts` whose times merge when cast to a float32
+    system (it used to fail as "not increasing"), named as such."""
+    lv32 = nqfjax.LotkaVolterra(jnp.ones(2, jnp.float32), jnp.eye(2, dtype=jnp.float32))
+    m0 = jnp.full(2, 1e-3, jnp.float32)
+    with pytest.raises(ValueError, match="at least one time"):
+        nqfjax.solve_lv(lv32, m0, [])
+    with pytest.raises(ValueError, match="1-D"):
+        nqfjax.solve_lv(lv32, m0, jnp.ones((2, 2)))
+    ts64 = jnp.asarray([1.0, 1e7, 1e7 + 0.25], jnp.float64)  # 1 ulp of 1e7 is 1
+    with pytest.raises(ValueError, match="once cast to the system's float32"):
+        nqfjax.solve_lv(lv32, m0, ts64)
+    f = jax.jit(lambda ts: nqfjax.solve_lv(lv32, m0, ts, solver=diffrax.Tsit5()).ys)
+    with pytest.raises(RuntimeError, match="once cast to the system's float32"):
+        f(ts64)
+    with pytest.raises(ValueError, match="t0"):
+        nqfjax.solve_lv(lv32, m0, jnp.asarray([1.0, 2.0]), t0=1.5)
+
+
+# --------------------------------------------------------------------------------
+# learning rates and schedules (the change of clock)
+
+
+def test_solve_lv_learning_rate_is_a_clock():
+    """`solve_lv(lv_unit, m0, ts, eta)` equals the system built at `eta` (rates and
+    interactions times eta), and with a schedule or momentum each isolated mode
+    is the logistic curve at the clock's closed form: exponential decay
+    `eta_n = a q^n` sums to `a (1 - q^N) / (1 - q)` after N steps, a constant rate
+    with heavy-ball momentum to `eta/(1-mu) (N - mu (1 - mu^N) / (1 - mu))`."""
+    lv = _interacting(np.random.default_rng(12))
+    eta = 0.3
+    lv_eta = nqfjax.LotkaVolterra(eta * lv.r, eta * lv.B)
+    m0 = jnp.full(P, 1e-6)
+    ts = jnp.linspace(0.0, 400.0, NT)
+    on_clock = nqfjax.solve_lv(lv, m0, ts, eta, rtol=TOL, atol=TOL).ys
+    # two different systems and step sequences, each at 1e-10 per step
+    np.testing.assert_allclose(on_clock, _solve(lv_eta, m0, ts), rtol=1e-6)
+
+    r = np.array([0.5, 0.4, 0.3, 0.2, 0.1])
+    b = np.array([0.5, 0.2, 0.3, 0.1, 0.05])
+    iso = nqfjax.LotkaVolterra(jnp.asarray(r), jnp.diag(jnp.asarray(b)))
+    N = np.unique(np.rint(np.geomspace(1, 3000, NT - 1))).astype(float)
+    N = np.concatenate([N, 3000 + np.arange(1, NT - len(N) + 1)])  # NT steps
+    a, q, mu = 0.2, 0.998, 0.9
+    clocks = {
+        "decay": (optax.exponential_decay(a, 1, q), 0.0, a * (1 - q**N) / (1 - q)),
+        "momentum": (0.05, mu, 0.05 / (1 - mu) * (N - mu * (1 - mu**N) / (1 - mu))),
+    }
+    for name, (rate, momentum, s) in clocks.items():
+        m = nqfjax.solve_lv(
+            iso,
+            jnp.full(P, 1e-8),
+            jnp.asarray(N),
+            rate,
+            momentum=momentum,
+            rtol=TOL,
+            atol=TOL,
+        ).ys
+        exact = np.stack([_logistic(s, r[k], r[k] / b[k], 1e-8) for k in range(P)], 1)
+        assert exact[-1, 0] > 0.5 * r[0] / b[0], name  # a mode switched on
+        np.testing.assert_allclose(m, exact, rtol=1e-6, err_msg=name)
+
+
+def test_renamed_learning_rate_keywords_warn():
+    """`eta=` (the old name) still works for one release, with a
+    DeprecationWarning, and gives the same system; both names at once is an
+    error."""
+    task = nqfjax.power_law_task(4, 1.0, 0.5)
+    quad = _quadratic_commuting(np.random.default_rng(13))
+    new, _ = nqfjax.lv_reduce(quad, 0.1)
+    with pytest.warns(DeprecationWarning, match="eta"):
+        old, _ = nqfjax.lv_reduce(quad, eta=0.1)
+    np.testing.assert_array_equal(old.r, new.r)
+    np.testing.assert_array_equal(old.B, new.B)
+    with pytest.warns(DeprecationWarning, match="eta"):
+        old = task.lotka_volterra(eta=0.25)
+    np.testing.assert_array_equal(old.r, task.lotka_volterra(0.25).r)
+    with pytest.raises(TypeError, match="both"):
+        nqfjax.lv_reduce(quad, learning_rate=0.1, eta=0.1)

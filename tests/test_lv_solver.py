@@ -78,7 +78,7 @@ def test_matches_scipy_from_1e_12(system, mode):
     solver = _solvers(B, d, U)[mode]
     assert solver.mode == mode
     lv = LotkaVolterra(r, B)
-    m = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-9)
+    m = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-9).ys
     # The accuracy target is 1e-6 relative; at atol 1e-9 on log m the error
     # measured is 1e-9 (Radau at 1e-11 is tighter than that).
     assert _rel_err(m, ref) < 1e-6
@@ -96,7 +96,7 @@ def test_independent_modes_are_logistic():
     m_star = r / b
     exact = m_star / (1 + (m_star / eps - 1) * np.exp(-r * ts[:, None]))
     solver = LVRosenbrock(diag=jnp.asarray(b), factor=jnp.zeros((3, 0)))
-    m = solve_lv(LotkaVolterra(r, np.diag(b)), eps, ts, solver=solver)
+    m = solve_lv(LotkaVolterra(r, np.diag(b)), eps, ts, solver=solver).ys
     # Default float64 tolerances (1e-9): measured error 5e-9; the 1e-6.
     assert _rel_err(m, exact) < 1e-6
     assert np.all(np.asarray(m)[-1] > 0.99 * m_star)  # every mode switched on
@@ -148,7 +148,7 @@ def test_float32_from_1e_30():
     solver = LVRosenbrock(
         diag=jnp.asarray(d, jnp.float32), factor=jnp.asarray(U, jnp.float32)
     )
-    m = solve_lv(lv, jnp.asarray(m0, jnp.float32), ts, solver=solver)
+    m = solve_lv(lv, jnp.asarray(m0, jnp.float32), ts, solver=solver).ys
     assert m.dtype == jnp.float32
     # float32 resolves log m ~ -69 to ~4e-6 and the default float32 tolerances are
     # (1e-5, 1e-6); measured relative error of m: 2e-5 .. 4e-5. Target 1e-4.
@@ -172,7 +172,7 @@ def test_gradient_matches_finite_differences(mode):
         B_ = s * jnp.asarray(B)
         solver = _solvers(B_, s * jnp.asarray(d), jnp.sqrt(s) * jnp.asarray(U))[mode]
         lv = LotkaVolterra(r_, B_)
-        m = solve_lv(
+        sol = solve_lv(
             lv,
             m0,
             ts,
@@ -182,7 +182,7 @@ def test_gradient_matches_finite_differences(mode):
             max_steps=10_000,  # 1,509 needed
             adjoint=diffrax.RecursiveCheckpointAdjoint(),
         )
-        return jnp.sum(lv.loss(m))
+        return jnp.sum(sol.loss)
 
     theta = jnp.concatenate([jnp.asarray(r), jnp.ones(1)])
     grad = jax.grad(loss)(theta)
@@ -209,7 +209,7 @@ def test_vmap_equals_separate_solves():
     def one(r_, m0):
         lv = LotkaVolterra(r_, jnp.asarray(B))
         solver = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U))
-        return solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-8)
+        return solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-8).ys
 
     batched = jax.jit(jax.vmap(one))(jnp.asarray(rs), jnp.asarray(m0s))
     single = jax.jit(one)

@@ -131,10 +131,11 @@ def test_schedule_mflow_matches_w_space(whitened):
     # 1e-10 put the solve ~1e-8 from the exact flow (measured against 1e-12)
     opts = dict(solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10)
     for name, discrete in (("split", True), ("smooth", False)):
-        M = nqfjax.solve_mflow_schedule(
-            task, W0 @ W0.T, ts, sched, discrete=discrete, **opts
+        L = np.asarray(
+            nqfjax.solve_mflow(
+                task, W0 @ W0.T, ts, sched, discrete=discrete, **opts
+            ).loss
         )
-        L = np.asarray(jax.vmap(task.loss)(M))
         assert L[-1] < 1e-2 * L[0]  # all three modes learned
         mask = L > 1e-8 * L[0]
         rel = lambda a: np.max(np.abs(a - L)[mask] / L[mask])
@@ -155,10 +156,9 @@ def test_lv_on_the_clock_matches_mflow(whitened):
     M0 = basis @ np.diag(eps) @ basis.T
     sched = optax.exponential_decay(2 * ETA, 4000, 0.3)
     ts = jnp.asarray(RECORD, jnp.float64)
-    m = nqfjax.solve_lv_schedule(lv_unit, eps, ts, sched)
-    M = nqfjax.solve_mflow_schedule(
-        task, M0, ts, sched, solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10
-    )
+    m = nqfjax.solve_lv(lv_unit, eps, ts, sched).ys
+    opts = dict(solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10)
+    M = nqfjax.solve_mflow(task, M0, ts, sched, **opts).ys
     m_flow = np.einsum("pk,tpq,qk->tk", basis, np.asarray(M), basis)
     # both solvers at ~1e-10 tolerances: the growing modes agree to ~1e-7
     # relative; the shrinking ones (down to 1e-13) only absolutely in M-space,
@@ -166,6 +166,13 @@ def test_lv_on_the_clock_matches_mflow(whitened):
     np.testing.assert_allclose(m[:, :3], m_flow[:, :3], rtol=1e-5)
     np.testing.assert_allclose(m[:, 3:], m_flow[:, 3:], atol=1e-9 * float(m.max()))
     assert float(m[-1, 2]) > 0.4  # the weakest mode switched on (m* = 2)
+    # the deprecated aliases warn and give the same numbers
+    with pytest.warns(DeprecationWarning, match="solve_lv_schedule"):
+        m_old = nqfjax.solve_lv_schedule(lv_unit, eps, ts, sched)
+    np.testing.assert_array_equal(m_old, m)
+    with pytest.warns(DeprecationWarning, match="solve_mflow_schedule"):
+        M_old = nqfjax.solve_mflow_schedule(task, M0, ts, sched, **opts)
+    np.testing.assert_array_equal(M_old, M)
 
 
 # ---------------------------------------------------------------------------

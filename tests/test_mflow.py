@@ -1,10 +1,12 @@
-"""The M-space flow `solve_mflow` (THEORY.md section 2) against the LV reduction,
-an independent W-space gradient flow, and closed forms."""
+"""The M-space flow `solve_mflow` against the LV reduction, an independent
+W-space gradient flow, and closed forms; its `Solution`, learning-rate schedules
+and argument checks."""
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import nqfjax
@@ -32,7 +34,7 @@ def _quadratic(theta=0.0, seed=0):
 
 
 def _mflow(task, M0, ts, eta, lam=0.0, **kw):
-    return nqfjax.solve_mflow(task, M0, ts, eta, lam, rtol=TOL, atol=TOL, **kw)
+    return nqfjax.solve_mflow(task, M0, ts, eta, lam, rtol=TOL, atol=TOL, **kw).ys
 
 
 TS = jnp.concatenate([jnp.zeros(1), jnp.geomspace(0.5, 500.0, NT - 1)])
@@ -48,7 +50,7 @@ def test_mflow_matches_lv_aligned(lam, scale):
     eta = 0.05
     M0 = Q * (scale * np.array([1.0, 3.0, 2.0, 1.0, 0.5])) @ Q.T
     lv, U = nqfjax.lv_reduce(task, eta, lam)
-    m = nqfjax.solve_lv(lv, jnp.diag(U.T @ M0 @ U), TS, rtol=TOL, atol=TOL)
+    m = nqfjax.solve_lv(lv, jnp.diag(U.T @ M0 @ U), TS, rtol=TOL, atol=TOL).ys
     M = _mflow(task, jnp.asarray(M0), TS, eta, lam)
     L_lv, L_m = np.asarray(lv.loss(m)), np.asarray(jax.vmap(task.loss)(M))
     keep = L_lv > 1e-8 * L_lv[0]
@@ -65,11 +67,13 @@ def test_mflow_matches_lv_aligned(lam, scale):
 
 def _w_flow(task, W0, ts, eta, lam):
     """Independent engine: gradient flow on W, dW/dt = -eta (dL/dW + lam W), with
-    dL/dW from autodiff of task.loss(W W^T) (explicit Tsit5, tight tolerances)."""
+    dL/dW from autodiff of task.loss(W W^T) (explicit Tsit5, tight tolerances);
+    `eta` a constant or a function of t."""
 
     def field(t, W, args):
         g = jax.grad(lambda W: task.loss(W @ W.T))(W)
-        return -eta * (g + lam * W)
+        rate = eta(t) if callable(eta) else eta
+        return -rate * (g + lam * W)
 
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(field),
@@ -110,7 +114,7 @@ def test_mflow_matches_w_space_not_reducible(getkey):
 
 def test_mflow_perceptron_logistic():
     """Whitened linear-teacher perceptron from an aligned init: the + modes are
-    logistic (THEORY.md section 4), here through the M-space flow."""
+    logistic, here through the M-space flow."""
     rng = np.random.default_rng(3)
     k, d, eta = 2, 3, 0.1
     a, b = _orth(rng, k), _orth(rng, d)
@@ -141,7 +145,7 @@ def test_mflow_float32():
     task32 = nqfjax.gaussian_quadratic_task(
         task.covariance.astype(jnp.float32), task.M_star.astype(jnp.float32)
     )
-    M32 = nqfjax.solve_mflow(task32, jnp.asarray(M0, jnp.float32), TS, 0.05)
+    M32 = nqfjax.solve_mflow(task32, jnp.asarray(M0, jnp.float32), TS, 0.05).ys
     assert M32.dtype == jnp.float32
     M64 = np.asarray(_mflow(task, jnp.asarray(M0), TS, 0.05))
     err = np.linalg.norm(np.asarray(M32) - M64, axis=(1, 2))
@@ -150,13 +154,57 @@ def test_mflow_float32():
     assert np.linalg.norm(M64[-1] - np.asarray(task.M_star)) < 1e-2  # learned
 
 
-def test_mflow_failure_is_nan_not_truncated():
-    """max_steps reached: NaN with throw=False, an error with throw=True."""
+def test_mflow_solution_and_failure():
+    """The `Solution`: the loss along `ts` is the task's loss of `ys`, the step
+    counts add up; max_steps reached gives NaN (states and loss) with
+    throw=False, and an error naming max_steps with throw=True."""
     task, Q = _quadratic()
     M0 = jnp.asarray(Q * 1e-6 @ Q.T)
     tsit = diffrax.Tsit5()
+    sol = nqfjax.solve_mflow(task, M0, TS, 0.05, solver=tsit)
+    assert bool(sol.succeeded) and sol.ys.shape == (NT, P, P)
+    np.testing.assert_array_equal(sol.ts, TS)
+    np.testing.assert_allclose(sol.loss, jax.vmap(task.loss)(sol.ys), rtol=1e-14)
+    st = sol.stats
+    assert int(st["num_steps"]) == int(st["num_accepted_steps"]) + int(
+        st["num_rejected_steps"]
+    )
     bad = nqfjax.solve_mflow(task, M0, TS, 0.05, max_steps=4, throw=False, solver=tsit)
-    assert np.all(np.isnan(np.asarray(bad)))
+    assert np.all(np.isnan(np.asarray(bad.ys))) and np.all(np.isnan(bad.loss))
+    assert not bool(bad.succeeded) and int(bad.stats["num_steps"]) == 4
+    with pytest.raises(RuntimeError, match="max_steps` = 4"):
+        nqfjax.solve_mflow(task, M0, TS, 0.05, max_steps=4, solver=tsit)
+
+
+def test_mflow_schedule_matches_w_space():
+    """A learning-rate schedule (optax exponential decay) on the continuous
+    clock: the flow with eta(t) in W-space (an independent engine, the rate in
+    the vector field) against `solve_mflow(..., schedule, discrete=False)`, which
+    integrates once at unit rate on s(t); and a constant schedule (the clock
+    path) equals the constant rate (the rate in the field)."""
+    task, _ = _quadratic(theta=0.3)
+    W0 = 1e-3 * jax.random.normal(jax.random.key(3), (P, 3))
+    sched = optax.exponential_decay(0.1, 400.0, 0.5)  # smooth in t
+    ts = jnp.linspace(0.0, 3000.0, NT)
+    tsit = dict(solver=diffrax.Tsit5(), rtol=TOL, atol=TOL)
+    M = np.asarray(
+        nqfjax.solve_mflow(task, W0 @ W0.T, ts, sched, discrete=False, **tsit).ys
+    )
+    M_ref = np.asarray(_w_flow(task, W0, ts, sched, 0.0))
+    scale = np.max(np.abs(M_ref), axis=(1, 2), keepdims=True)
+    L = np.asarray(jax.vmap(task.loss)(jnp.asarray(M)))
+    assert L[-1] < 0.1 * L[0]  # the decaying rate still learns
+    # both at 1e-10 tolerances; the clock's quadrature is exact to roundoff here
+    np.testing.assert_allclose(M / scale, M_ref / scale, atol=1e-6)
+    const = nqfjax.solve_mflow(
+        task, W0 @ W0.T, ts, optax.constant_schedule(0.05), **tsit
+    )
+    np.testing.assert_allclose(
+        const.ys,
+        nqfjax.solve_mflow(task, W0 @ W0.T, ts, 0.05, **tsit).ys,
+        rtol=1e-6,
+        atol=1e-8 * float(np.max(np.abs(np.asarray(const.ys)))),
+    )
 
 
 def test_psd_sqrt_derivative_degenerate():
@@ -191,11 +239,54 @@ def test_mflow_bad_input():
         nqfjax.solve_mflow(task, jnp.zeros((P, P)), TS, 0.1)
     with pytest.raises(ValueError, match="ts"):
         nqfjax.solve_mflow(task, good, TS[::-1], 0.1)
-    with pytest.raises(ValueError, match="eta"):
-        nqfjax.solve_mflow(task, good, TS, 0.0)
-    with pytest.raises(ValueError, match="eta"):
-        nqfjax.solve_mflow(task, good, TS, jnp.nan)
+    with pytest.raises(ValueError, match="at least one time"):
+        nqfjax.solve_mflow(task, good, [], 0.1)
+    for bad in (0.0, jnp.nan, -0.1, jnp.ones(2)):
+        with pytest.raises(ValueError, match="learning_rate"):
+            nqfjax.solve_mflow(task, good, TS, bad)
     with pytest.raises(ValueError, match="weight_decay"):
         nqfjax.solve_mflow(task, good, TS, 0.1, -1.0)
     with pytest.raises(ValueError, match="Task"):
         nqfjax.solve_mflow(np.eye(P), good, TS, 0.1)
+    for kw, name in [
+        (dict(rtol=-1.0), "rtol"),
+        (dict(atol=-1.0), "atol"),
+        (dict(rtol=np.inf), "rtol"),
+        (dict(atol=np.nan), "atol"),
+        (dict(max_steps=0), "max_steps"),
+        (dict(max_steps=-1), "max_steps"),
+        (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=-1)), "atol"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_mflow(task, good, TS, 0.1, **kw)
+    # traced values are checked when the solve runs (Tsit5: a cheap compile)
+    # (M0 passed in: symmetric_psd cannot check a closed-over M0 under jit)
+    f = jax.jit(
+        lambda M0, eta, rtol: (
+            nqfjax.solve_mflow(task, M0, TS, eta, rtol=rtol, solver=diffrax.Tsit5()).ys
+        )
+    )
+    with pytest.raises(RuntimeError, match="rtol"):
+        f(good, 0.1, -1.0)
+    with pytest.raises(RuntimeError, match="learning_rate"):
+        f(good, -0.1, 1e-6)
+    # a float64 `ts` whose times merge in the float32 task's precision
+    task32 = nqfjax.gaussian_quadratic_task(
+        task.covariance.astype(jnp.float32), task.M_star.astype(jnp.float32)
+    )
+    with pytest.raises(ValueError, match="once cast to the system's float32"):
+        nqfjax.solve_mflow(
+            task32, good.astype(jnp.float32), jnp.asarray([0.0, 1e8, 1e8 + 1.0]), 0.1
+        )
+
+
+def test_mflow_eta_keyword_deprecated():
+    """`eta=` (the old name of `learning_rate`) works for one release with a
+    DeprecationWarning and the same numbers."""
+    task, Q = _quadratic()
+    M0 = jnp.asarray(Q * 1e-6 @ Q.T)
+    with pytest.warns(DeprecationWarning, match="eta"):
+        old = nqfjax.solve_mflow(task, M0, TS[:3], eta=0.05, solver=diffrax.Tsit5())
+    np.testing.assert_array_equal(
+        old.ys, nqfjax.solve_mflow(task, M0, TS[:3], 0.05, solver=diffrax.Tsit5()).ys
+    )

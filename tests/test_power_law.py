@@ -48,7 +48,7 @@ def _solve_independent(r, Bdiag, eps, ts):
 
     def one(r_k, B_k):
         lv = nqfjax.LotkaVolterra(r_k[None], B_diag=B_k[None])
-        return nqfjax.solve_lv(lv, jnp.full((1,), eps), ts)[:, 0]
+        return nqfjax.solve_lv(lv, jnp.full((1,), eps), ts).ys[:, 0]
 
     return jax.vmap(one, out_axes=1)(r, Bdiag)
 

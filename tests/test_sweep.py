@@ -37,7 +37,7 @@ def _lv_curve(log_sigma, dtype):
     m0 = jnp.exp(2 * log_sigma) * jnp.arange(1.0, 4.0, dtype=dtype)
     ts = jnp.linspace(1.0, 80.0, 9, dtype=dtype)
     # Tsit5: this small problem is not stiff, and it compiles faster than Kvaerno5.
-    return lv.loss(nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5()))
+    return nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).loss
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])

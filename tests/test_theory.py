@@ -267,7 +267,7 @@ def test_switch_on_times_independent_modes():
     # the half-way time measured on solve_lv; the solver's 1e-9 tolerance on
     # ln m moves a crossing by ~1e-9 ln(m*/m0) / r: 1e-6 relative is ample
     ts = np.linspace(0.0, 1.2 * t[:5].max(), N_TAU + 1)[1:]
-    m = np.asarray(nqfjax.solve_lv(lv, m0, ts))
+    m = np.asarray(nqfjax.solve_lv(lv, m0, ts).ys)
     measured = _half_way_times(ts, m[:, :5], mstar / 2)
     np.testing.assert_allclose(measured, t[:5], rtol=1e-6)
     # a scalar m0 broadcasts
@@ -413,7 +413,7 @@ def interacting_runs():
         for eps in EPSILONS:
             log_eps = np.log(1 / eps)
             sols[eps] = np.asarray(
-                nqfjax.solve_lv(lv, np.full(lv.p, eps), taus * log_eps)
+                nqfjax.solve_lv(lv, np.full(lv.p, eps), taus * log_eps).ys
             )
         runs[name] = (lv, st, taus, sols)
     return runs

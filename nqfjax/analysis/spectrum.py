@@ -247,7 +247,7 @@ def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
 
         def one(r_k, b_k):
             lv = LotkaVolterra(r_k[None], B_diag=b_k[None])
-            return solve_lv(lv, eps[None], ts, **options)[:, 0]
+            return solve_lv(lv, eps[None], ts, **options).ys[:, 0]
 
         m = jax.vmap(one)(r, b)  # (p, T)
         gap = mstar[:, None] - m

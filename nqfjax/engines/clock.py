@@ -3,7 +3,8 @@ r"""Learning-rate schedules as a change of clock.
 With a learning rate $\eta(t)$ that changes in time (an optax schedule), the
 flows are the constant-rate flows ($\eta = 1$) run on the clock
 $s(t) = \int_0^t \eta$ (`clock`, `invert_clock`); momentum rescales the clock by
-$1/(1-\mu)$ once its average has built up.
+$1/(1-\mu)$ once its average has built up. `solve_mflow` and `solve_lv` take the
+schedule as their `learning_rate` and integrate on this clock.
 """
 
 import functools
@@ -15,17 +16,13 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_shape, is_concrete
-from ..tasks.base import Task
-from ..tasks.lotka_volterra import LotkaVolterra
-from .lv import solve_lv
-from .mflow import solve_mflow
 
 
 # --------------------------------------------------------------------------------
 # the change of clock
 
 
-def _check_momentum(momentum) -> float:
+def check_momentum(momentum) -> float:
     mu = float(momentum)
     if not (np.isfinite(mu) and 0 <= mu < 1):
         raise ValueError(f"`momentum` must be in [0, 1), got {momentum}.")
@@ -126,7 +123,7 @@ def clock(
 
     The M-space flow with a time-dependent rate,
     $\dot M = -2\eta(t)(GM + MG + \lambda M)$, is the flow with $\eta = 1$ at
-    $s(t)$, since $dM/ds = \dot M / \eta$ (THEORY.md section 2). Two clocks:
+    $s(t)$, since $dM/ds = \dot M / \eta$. Two clocks:
 
     - `discrete=True` (default): what gradient descent with the optax schedule
       does, step `n` (from 0) taking rate $\eta(n)$ (optax counts from 0):
@@ -163,7 +160,7 @@ def clock(
     **Raises:** `ValueError` for negative or non-finite `ts`, traced `ts` with a
     schedule, a negative or non-finite rate, or `momentum` outside `[0, 1)`.
     """
-    mu = _check_momentum(momentum)
+    mu = check_momentum(momentum)
     ts = jnp.asarray(ts)
     if ts.ndim != 1:
         raise ValueError(f"`ts` must be a 1-D array of times, got shape {ts.shape}.")
@@ -235,7 +232,7 @@ def invert_clock(
 
     **Returns:** `t(s)`, shape `(J,)`.
     """
-    mu = _check_momentum(momentum)
+    mu = check_momentum(momentum)
     s = np.asarray(s, np.float64)
     if s.ndim != 1:
         raise ValueError(f"`s` must be 1-D, got shape {s.shape}.")
@@ -254,82 +251,3 @@ def invert_clock(
     out[ok] = np.where(s[ok] <= 0, 0.0, idx - 1 + frac)
     out[np.isnan(s)] = np.nan
     return jnp.asarray(out, jnp.result_type(float))
-
-
-def _solve_on_clock(solve, s):
-    """Solve at the distinct clock values `s` (a schedule may pause the clock)
-    and map back (traced `s`, from a constant rate, is solved as it is)."""
-    if not is_concrete(s):
-        return solve(s)
-    unique, inverse = np.unique(np.asarray(s), return_inverse=True)
-    if unique.shape == s.shape:
-        return solve(s)
-    return solve(jnp.asarray(unique, s.dtype))[jnp.asarray(inverse.reshape(-1))]
-
-
-def solve_mflow_schedule(
-    task: Task,
-    M0: Float[ArrayLike, "p p"],
-    ts: Float[ArrayLike, " T"],
-    learning_rate: Float[ArrayLike, ""] | Callable,
-    weight_decay: Float[ArrayLike, ""] = 0.0,
-    *,
-    momentum: float = 0.0,
-    discrete: bool = True,
-    **solve_options,
-) -> Float[Array, "T p p"]:
-    r"""The M-space flow under a learning-rate schedule: `M(ts)` in steps.
-
-    $$\frac{dM}{dt} = -2\eta(t)\,(G M + M G) - 2\eta(t)\lambda M
-    \quad\Longleftrightarrow\quad M(t) = M_{\eta=1}\big(s(t)\big),\quad
-    s(t) = \int_0^t \eta,$$
-
-    so this is `solve_mflow(task, M0, clock(learning_rate, ts), 1.0,
-    weight_decay)`: no change to the integrator, and the tolerances act on the
-    same trajectory whatever the schedule. Clock values that repeat (a rate of
-    zero) are solved once.
-
-    **Arguments:**
-
-    - `task`, `M0`, `weight_decay`: as in `solve_mflow`.
-    - `ts`: output times in steps, shape `(T,)`, increasing, concrete.
-    - `learning_rate`: `eta > 0` or an optax schedule.
-    - `momentum`, `discrete`: the clock (see `clock`).
-    - `**solve_options`: passed to `solve_mflow` (`rtol`, `atol`, `solver`, ...).
-
-    **Returns:** `M(ts)`, shape `(T, p, p)`.
-    """
-    s = clock(learning_rate, ts, momentum=momentum, discrete=discrete)
-    return _solve_on_clock(
-        lambda su: solve_mflow(task, M0, su, 1.0, weight_decay, **solve_options), s
-    )
-
-
-def solve_lv_schedule(
-    lv_unit: LotkaVolterra,
-    m0: Float[ArrayLike, " p"],
-    ts: Float[ArrayLike, " T"],
-    learning_rate: Float[ArrayLike, ""] | Callable,
-    *,
-    momentum: float = 0.0,
-    discrete: bool = True,
-    **solve_options,
-) -> Float[Array, "T p"]:
-    r"""The Lotka-Volterra reduction under a learning-rate schedule: `m(ts)`.
-
-    `lv_unit` must be the reduction at unit learning rate,
-    `lv_reduce(task, 1.0, weight_decay)` (its `r`, `B` and `decay` are then per
-    unit of flow time $s$); this is `solve_lv(lv_unit, m0, clock(learning_rate,
-    ts))`.
-
-    **Arguments:**
-
-    - `lv_unit`: the system at `eta = 1`.
-    - `m0`: initial mode values, shape `(p,)`, positive.
-    - `ts`, `learning_rate`, `momentum`, `discrete`: as in `solve_mflow_schedule`.
-    - `**solve_options`: passed to `solve_lv`.
-
-    **Returns:** `m(ts)`, shape `(T, p)`.
-    """
-    s = clock(learning_rate, ts, momentum=momentum, discrete=discrete)
-    return _solve_on_clock(lambda su: solve_lv(lv_unit, m0, su, **solve_options), s)

@@ -4,6 +4,9 @@ space, `lv_reduce` finds the reduction of a task (or raises `NotReducibleError`)
 $$\frac{d \log m_k}{dt} = r_k - (B m)_k - \delta .$$
 """
 
+import warnings
+from collections.abc import Callable
+
 import diffrax
 import equinox as eqx
 import jax
@@ -11,131 +14,249 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_shape, increasing, is_concrete, positive
+from .._checks import check_shape, is_concrete, positive, renamed_keywords
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra, _interactions
-from ._rosenbrock import LVRosenbrock
+from ._integrate import (
+    Solution,
+    check_learning_rate,
+    check_times,
+    flow_times,
+    integrate,
+    step_size_controller,
+)
+from ._rosenbrock import LVRosenbrock, exponent_clip
 
 
-def _log_field(t, y, args):
-    # Module level (not a closure) so that diffrax's jit cache is hit on every call.
+def _rates(y, args):
+    """`d log m / dt` at `y = log m`."""
     r, B, B_diag, B_factor, decay, y_max = args
     m = jnp.exp(jnp.minimum(y, y_max))
     return r - _interactions(B, B_diag, B_factor, m) - decay
 
 
+def _log_field(t, y, args):
+    # Module level (not a closure) so that diffrax's jit cache is hit on every call.
+    return _rates(y, args)
+
+
 _LOG_TERM = diffrax.ODETerm(_log_field)
 
 
-def _default_tolerances(dtype) -> tuple[float, float]:
-    """`(rtol, atol)` on `y = log m`. `rtol = 0`: a nonzero rtol would loosen the
-    control of tiny modes by `|log m|` (up to ~70), while `atol` is already a
-    relative error of `m` for large and tiny modes alike."""
-    if jnp.dtype(dtype) == jnp.float64:
-        return 0.0, 1e-9
-    # float32: measured 3e-5..4e-5 relative error of m from m0 = 1e-30
-    return 0.0, 1e-5
+def _log_floor(dtype) -> float:
+    """The log of the smallest normal number of `dtype` (-87.3 in float32, -708.4
+    in float64): below it a mode is reported as off."""
+    return float(np.log(np.finfo(np.dtype(dtype)).tiny))
+
+
+def _default_tolerances(dtype, atol=None) -> tuple[float, float]:
+    """`(rtol, atol)` on `y = log m`. `atol` is a relative error of `m` for large
+    and tiny modes alike; `rtol = atol / |log floor|` keeps the control of every
+    mode above the floor within a factor 2 of `atol`, and lets a mode that dies
+    (its log falling linearly below the floor) take steps that grow with its
+    depth: with `rtol = 0` its roundoff, `eps |d log m|` per step, would cap the
+    steps at `atol / eps` in log units (84 in float32) to the end of `ts`."""
+    if atol is None:
+        # float32: measured 3e-5..4e-5 relative error of m from m0 = 1e-30
+        atol = 1e-9 if jnp.dtype(dtype) == jnp.float64 else 1e-5
+    return atol / abs(_log_floor(dtype)), atol
 
 
 def _max_norm(x):
     return jnp.max(jnp.abs(x))
 
 
+def _check_m0(m0, dtype):
+    """`m0` in `dtype`: positive, finite and not below the smallest normal number
+    of `dtype` (checked before the cast, which would flush it to zero)."""
+    m0 = positive("m0", m0)
+    tiny = float(jnp.finfo(dtype).tiny)
+    msg = (
+        f"`m0` must be >= {tiny:.4g}, the smallest normal {jnp.dtype(dtype).name} "
+        "number: below it a value is flushed to zero, and `solve_lv` reports a "
+        "mode there as off. Start the modes higher, or use float64 (smallest "
+        "normal ~2.2e-308)."
+    )
+    if is_concrete(m0):
+        low = np.min(np.asarray(m0, np.float64), initial=np.inf)
+        if low < tiny:
+            raise ValueError(msg + f" Got min(m0) = {low:.4g}.")
+        return m0.astype(dtype)
+    return eqx.error_if(m0, jnp.any(m0 < tiny), msg).astype(dtype)
+
+
 def solve_lv(
     lv: LotkaVolterra,
     m0: Float[ArrayLike, " p"],
     ts: Float[ArrayLike, " T"],
+    learning_rate: Float[ArrayLike, ""] | Callable = 1.0,
     *,
+    momentum: float = 0.0,
+    discrete: bool = True,
     t0: float | None = 0.0,
     solver: diffrax.AbstractSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
     adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     throw: bool = True,
-    full_output: bool = False,
-):
-    r"""Integrate the Lotka-Volterra system in log space and return `m(ts)`.
+) -> Solution:
+    r"""Integrate the Lotka-Volterra system in log space and return it at `ts`.
 
-    Solves $d \log m_k / dt = r_k - (B m)_k - \delta$ with $m = e^{\log m}$, which
+    Solves $d \log m_k / ds = r_k - (B m)_k - \delta$ with $m = e^{\log m}$, which
     keeps `m > 0` and stays accurate from initial values like `1e-30`, in float32
     too. The exponent is clipped before `exp` so that a rejected trial step cannot
     overflow; the clip is far above any reachable state (`m <= max(m*)`).
 
-    The system is stiff once modes switch on. The default solver is a Rosenbrock
-    method (`LVRosenbrock`, RODAS4: L-stable, one linear solve per stage with the
-    analytic Jacobian $-B\,\mathrm{diag}(m)$, no Newton iterations; `O(p q)` per
-    step when `B` is diagonal plus rank `q`, see `LotkaVolterra`), with a PID
-    step-size controller in the max norm on the log-state, so `atol` bounds the
-    *relative* error of every mode, tiny or not. On the 256-system benchmark of
-    `benchmarks/lv_vs_scipy.py` it ran ~12x faster than scipy's LSODA at equal
-    accuracy (1e-6), and ~55x faster than `diffrax.Kvaerno5`; any diffrax solver can be
-    passed instead. Gradients go
-    through `diffrax.RecursiveCheckpointAdjoint` (reverse-mode checkpointing):
-    `BacksolveAdjoint` was measured here to give gradients about 100% off on this
-    problem. For a few hyperparameters forward mode (`jax.jacfwd`) also works with
-    `diffrax.ForwardMode()`.
+    **Time.** `s` is the system's own time: `lv`'s rates are per unit of it.
+    `learning_rate` maps the steps `ts` to it, $s(t) = \int_0^t \eta$ (the change
+    of clock, see `clock`, whose `momentum` and `discrete` options these are):
+
+    - `learning_rate=1.0` (default): `ts` are times of `lv` itself, e.g. steps of
+      a system built at the learning rate, `lv_reduce(task, eta)`.
+    - a constant or an optax schedule, with `lv` the system at unit learning rate
+      (`lv_reduce(task, 1.0)`): `ts` count the steps of that schedule, and the
+      system is integrated once at unit rate and read off at $s(t)$. A schedule
+      needs concrete `ts`.
+
+    **Modes that die.** A mode with `r < 0`, or suppressed by the others, falls
+    linearly in log space for ever. Below the log of the smallest normal number
+    of the dtype (`-87.3` in float32, `-708.4` in float64) it is reported as off
+    (`m = 0` in `ys`; it no longer acts on the others, `e^{log m}` being below
+    every live mode's resolution), and the default `rtol` lets its steps grow
+    with its depth there, so that it costs a few steps however long `ts` runs
+    (`r = [-1, 1]` to `t = 1e7` in float32: ~90 steps). Its log is still exact:
+    if its rate turns positive it grows back from where the exact solution is.
+    (Pinning it at the floor was tried: the analytic Jacobian of the default
+    solver does not know of the pin, and the step-size control then stalls at
+    the pin, at float32 resolution there.)
+
+    **Solver.** The system is stiff once modes switch on. The default solver is a
+    Rosenbrock method (`LVRosenbrock`, RODAS4: L-stable, one linear solve per
+    stage with the analytic Jacobian $-B\,\mathrm{diag}(m)$, no Newton iterations;
+    `O(p q)` per step when `B` is diagonal plus rank `q`, see `LotkaVolterra`),
+    with a PID step-size controller in the max norm on the log-state, so `atol`
+    bounds the *relative* error of every mode, tiny or not; any diffrax solver and
+    controller can be passed instead (measured speeds: `benchmarks/README.md`).
+    Gradients go through `diffrax.RecursiveCheckpointAdjoint` (reverse-mode
+    checkpointing); `BacksolveAdjoint` was measured here to give gradients about
+    100% off on this problem. For a few hyperparameters forward mode
+    (`jax.jacfwd`) also works with `diffrax.ForwardMode()`.
 
     **Arguments:**
 
     - `lv`: the system.
-    - `m0`: initial values, shape `(p,)`, strictly positive.
-    - `ts`: output times, shape `(T,)`, strictly increasing, `ts[0] >= t0`.
-    - `t0`: the time at which `m = m0` (default 0; `None` means `ts[0]`).
-    - `solver`, `rtol`, `atol`, `dt0`, `max_steps`, `adjoint`: diffrax options.
-      Tolerances act on `log m` (so `atol` is a relative error of `m`) and
-      default to `rtol = 0` with `atol` 1e-9 in float64 and 1e-5 in float32.
+    - `m0`: initial values, shape `(p,)`, finite and at least the smallest normal
+      number of the dtype (`1.2e-38` in float32, `2.2e-308` in float64): below
+      it a mode would start off.
+    - `ts`: output times (in steps), shape `(T,)`, `T >= 1`, strictly increasing
+      (also once cast to the system's dtype), `ts[0] >= t0`.
+    - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1).
+    - `momentum`, `discrete`: the clock (see `clock`).
+    - `t0`: the step at which `m = m0` (default 0; `None` means `ts[0]`).
+    - `solver`, `dt0`, `max_steps`, `adjoint`: diffrax options; `max_steps >= 1`.
+    - `stepsize_controller`: a diffrax step-size controller (default
+      `diffrax.PIDController(rtol, atol)` in the max norm).
+    - `rtol`, `atol`: the default controller's tolerances on `log m` (so `atol`
+      is a relative error of `m`), finite and `>= 0`: `atol` 1e-9 in float64
+      and 1e-5 in float32, and `rtol = atol / |log floor|` (so every mode above
+      the floor is held to between `atol` and `2 atol`; see **Modes that
+      die**: with `rtol = 0` a dying mode costs steps to the end of `ts`). Not
+      together with `stepsize_controller`.
     - `throw`: raise if the solve fails (for example `max_steps` reached). With
       `throw=False` (for vmapped sweeps) a failed solve returns NaN everywhere, so
-      it can never pass for a result.
-    - `full_output`: also return the `diffrax.Solution` (stats, result code).
+      it can never pass for a result, and `stats["moving"]` says which modes were
+      still moving when the solver stopped.
 
-    **Returns:** `m(ts)`, shape `(T, p)`; with `full_output`, `(m, solution)`.
+    **Returns:** a `Solution` with `ys = m(ts)`, shape `(T, p)`, and `loss =
+    lv.loss(m(ts))`, shape `(T,)`.
 
-    **Raises:** `ValueError` for bad shapes, `m0 <= 0`, non-increasing `ts`.
+    **Raises:** `ValueError` for bad shapes, `m0` not finite or below the
+    smallest normal number, `ts` empty, not increasing (or not once cast to the
+    system's dtype) or before `t0`, a negative or non-finite tolerance,
+    `learning_rate <= 0` or `max_steps < 1` (traced values: at run time, through
+    `eqx.error_if`).
     """
     p = lv.p
     m0 = jnp.asarray(m0)
     check_shape("m0", m0, (p,))
     dtype = jnp.result_type(lv.r.dtype, m0.dtype, float)
-    m0 = positive("m0", m0.astype(dtype))
-    ts = increasing("ts", jnp.asarray(ts, dtype))
-    t_start = ts[0] if t0 is None else jnp.asarray(t0, dtype)
-    if t0 is not None and is_concrete(ts) and float(np.asarray(ts)[0]) < float(t0):
-        raise ValueError(f"`ts` must start at or after t0={t0}, got ts[0]={ts[0]}.")
-    default_rtol, default_atol = _default_tolerances(dtype)
-    rtol = default_rtol if rtol is None else rtol
-    atol = default_atol if atol is None else atol
+    m0 = _check_m0(m0, dtype)
+    learning_rate = check_learning_rate(learning_rate, dtype)
+    ts, t_start = check_times(ts, dtype, t0)
+    s_start, times, inverse = flow_times(
+        learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+    )
+    controller, pending = step_size_controller(
+        stepsize_controller, rtol, atol, _default_tolerances(dtype, atol), _max_norm
+    )
     if solver is None:
         if lv.B_diag is not None:
             solver = LVRosenbrock(diag=lv.B_diag, factor=lv.B_factor)
         else:
             solver = LVRosenbrock(B=lv.B)
-    y_max = jnp.asarray(0.25 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
-
     if dt0 is None:
         scale = jnp.max(jnp.abs(lv.r)) + jnp.max(jnp.abs(lv.B)) * jnp.max(m0)
         dt0 = 1e-2 / jnp.maximum(scale, jnp.finfo(dtype).tiny)
-    sol = diffrax.diffeqsolve(
+    y_max = jnp.asarray(exponent_clip(dtype), dtype)
+    args = (lv.r, lv.B, lv.B_diag, lv.B_factor, lv.decay, y_max)
+    y, (s_stop, y_stop), stats, result = integrate(
         _LOG_TERM,
         solver,
-        t0=t_start,
-        t1=ts[-1],
+        jnp.log(m0),
+        args,
+        s_start,
+        times,
+        controller=controller,
+        pending=pending,
         dt0=dt0,
-        y0=jnp.log(m0),
-        args=(lv.r, lv.B, lv.B_diag, lv.B_factor, lv.decay, y_max),
-        saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol, norm=_max_norm),
         max_steps=max_steps,
         adjoint=adjoint,
         throw=throw,
+        inverse=inverse,
+        on_max_steps="Some modes were still moving when it stopped: with "
+        "`throw=False` the Solution's `stats['moving']` marks them. Increase "
+        "`max_steps`, or loosen `atol`.",
     )
-    ok = sol.result == diffrax.RESULTS.successful
-    m = jnp.where(ok, jnp.exp(sol.ys), jnp.nan)
-    if full_output:
-        return m, sol
-    return m
+    # moving: not dying below the floor, and the log would still change by more
+    # than 1 before the last time at its rate when the solver stopped
+    y_min = _log_floor(dtype)
+    rate = _rates(y_stop, args)
+    dying = (y_stop <= y_min) & (rate < 0)
+    stats["moving"] = ~dying & (jnp.abs(rate) * (times[-1] - s_stop) > 1)
+    m = jnp.where(y <= y_min, jnp.zeros_like(y), jnp.exp(y))
+    return Solution(ts, m, lv.loss(m), stats, result)
+
+
+def solve_lv_schedule(
+    lv_unit: LotkaVolterra,
+    m0: Float[ArrayLike, " p"],
+    ts: Float[ArrayLike, " T"],
+    learning_rate: Float[ArrayLike, ""] | Callable,
+    *,
+    momentum: float = 0.0,
+    discrete: bool = True,
+    **solve_options,
+) -> Float[Array, "T p"]:
+    """Deprecated: use `solve_lv(lv_unit, m0, ts, learning_rate, momentum=...,
+    discrete=...).ys`, which it returns (`m(ts)`, shape `(T, p)`)."""
+    warnings.warn(
+        "solve_lv_schedule is deprecated: solve_lv takes the schedule as its "
+        "`learning_rate` (use `solve_lv(...).ys`).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return solve_lv(
+        lv_unit,
+        m0,
+        ts,
+        learning_rate,
+        momentum=momentum,
+        discrete=discrete,
+        **solve_options,
+    ).ys
 
 
 class NotReducibleError(ValueError):
@@ -259,16 +380,17 @@ def _shared_basis(task, C, dtype, rel, seed):
     return U
 
 
+@renamed_keywords(eta="learning_rate")
 def lv_reduce(
     task,
-    eta: float,
+    learning_rate: float,
     weight_decay: float = 0.0,
     *,
     tol: float | None = None,
     degeneracy_tol: float | None = None,
     seed: int = 0,
 ) -> tuple[LotkaVolterra, Float[Array, "p p"]]:
-    r"""Reduce a task's M-space flow to a Lotka-Volterra system (THEORY.md section 3).
+    r"""Reduce a task's M-space flow to a Lotka-Volterra system.
 
     Finds an orthonormal basis $u_1..u_p$ that diagonalises `C` and in which
     `K` maps every $u_l u_l^\top$ to a diagonal matrix; then
@@ -298,13 +420,15 @@ def lv_reduce(
     `lv_reduce` runs eagerly (numpy linear algebra on top of `task.K`, which is
     applied `O(p)` times): call it outside `jax.jit`. For a `PowerLawTask` the
     standard basis is returned without any search, and
-    `PowerLawTask.lotka_volterra(eta)` gives the system without the `p x p` basis
-    (and under `jit`).
+    `PowerLawTask.lotka_volterra(learning_rate)` gives the system without the
+    `p x p` basis (and under `jit`).
 
     **Arguments:**
 
     - `task`: a `Task`.
-    - `eta`: the learning rate (> 0); time counts steps.
+    - `learning_rate`: $\eta > 0$; time counts steps (`lv_reduce(task, 1.0)`
+      for `solve_lv` with a schedule). `eta=` is accepted for one release, with a
+      `DeprecationWarning`.
     - `weight_decay`: $\lambda \ge 0$ on `W` (default 0).
     - `tol`: the largest accepted relative violation (default 1e-6 in float64,
       1e-3 in float32).
@@ -316,20 +440,20 @@ def lv_reduce(
     `(p, p)`, modes as columns, so `m0 = diag(basis^T M0 basis)`.
 
     **Raises:** `NotReducibleError` (a `ValueError`) carrying `.violation` when
-    the violation exceeds `tol`; `ValueError` for `eta <= 0`, `weight_decay < 0`
-    or traced arguments.
+    the violation exceeds `tol`; `ValueError` for `learning_rate <= 0`,
+    `weight_decay < 0` or traced arguments.
     """
     if not isinstance(task, Task):
         raise ValueError(f"`task` must be a Task, got {type(task)}.")
-    if not is_concrete(task, eta, weight_decay):
+    if not is_concrete(task, learning_rate, weight_decay):
         raise ValueError(
             "lv_reduce runs eagerly (it searches for a basis with numpy); call it "
             "outside jax.jit/vmap/grad. For power-law tasks use "
-            "`task.lotka_volterra(eta)`, which traces."
+            "`task.lotka_volterra(learning_rate)`, which traces."
         )
-    eta_f, lam_f = float(np.asarray(eta)), float(np.asarray(weight_decay))
+    eta_f, lam_f = float(np.asarray(learning_rate)), float(np.asarray(weight_decay))
     if not (np.isfinite(eta_f) and eta_f > 0):
-        raise ValueError(f"`eta` must be > 0 and finite, got {eta_f}.")
+        raise ValueError(f"`learning_rate` must be > 0 and finite, got {eta_f}.")
     if not (np.isfinite(lam_f) and lam_f >= 0):
         raise ValueError(f"`weight_decay` must be >= 0 and finite, got {lam_f}.")
     dtype = jnp.dtype(task.dtype)

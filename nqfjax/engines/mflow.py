@@ -3,22 +3,33 @@ r"""The closed M-space flow, integrated with diffrax:
 $$\frac{dM}{dt} = -2\eta\,(G M + M G) - 2\eta\lambda M, \qquad G = K[M] - C .$$
 """
 
+import warnings
+from collections.abc import Callable
+
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import (
     check_shape,
-    increasing,
     is_concrete,
     nonnegative,
-    positive,
+    renamed_keywords,
     symmetric_psd,
 )
 from .._linalg import _psd_sqrt
 from ..tasks.base import Task
+from ._integrate import (
+    Solution,
+    check_learning_rate,
+    check_times,
+    flow_times,
+    integrate,
+    step_size_controller,
+)
 
 
 def _field(t, y, args):
@@ -44,31 +55,56 @@ def _default_tolerances(dtype) -> tuple[float, float]:
     return 1e-5, 1e-6
 
 
+def _default_tolerances(dtype) -> tuple[float, float]:
+    if jnp.dtype(dtype) == jnp.float64:
+        return 1e-9, 1e-9
+    return 1e-5, 1e-6
+
+
+def _initial_factor(M0):
+    """`(log |W0|_F, W0 / |W0|_F)` for the symmetric square root `W0` of `M0`."""
+    W0 = _psd_sqrt(0.5 * (M0 + M0.T))
+    norm0 = jnp.sqrt(jnp.sum(W0**2))
+    if is_concrete(norm0) and not float(norm0) > 0:
+        raise ValueError("`M0` must be nonzero (M = 0 is a fixed point of the flow).")
+    norm0 = eqx.error_if(norm0, ~(norm0 > 0), "`M0` must be nonzero.")
+    return jnp.log(norm0), W0 / norm0
+
+
+@renamed_keywords(eta="learning_rate")
 def solve_mflow(
     task: Task,
     M0: Float[ArrayLike, "p p"],
     ts: Float[ArrayLike, " T"],
-    eta: Float[ArrayLike, ""],
+    learning_rate: Float[ArrayLike, ""] | Callable,
     weight_decay: Float[ArrayLike, ""] = 0.0,
     *,
+    momentum: float = 0.0,
+    discrete: bool = True,
     t0: float | None = 0.0,
     solver: diffrax.AbstractSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     rtol: float | None = None,
     atol: float | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
     adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     throw: bool = True,
-    full_output: bool = False,
-) -> Float[Array, "T p p"]:
-    r"""Integrate the closed flow of $M = W W^\top$ and return `M(ts)`.
+) -> Solution:
+    r"""Integrate the closed flow of $M = W W^\top$ and return it at `ts`.
 
-    $$\frac{dM}{dt} = -2\eta\,(G M + M G) - 2\eta\lambda M, \qquad
-    G = K[M] - C \quad\text{(THEORY.md section 2)}.$$
+    $$\frac{dM}{dt} = -2\eta(t)\,(G M + M G) - 2\eta(t)\lambda M, \qquad
+    G = K[M] - C .$$
 
-    Time counts gradient steps of learning rate `eta`: the flow is the limit of
-    full-batch gradient descent $W \leftarrow W - \eta(\nabla_W L + \lambda W)$
-    with one step per unit of `t`, so `t = step` compares with GD.
+    Time counts gradient steps: with a constant `learning_rate` $\eta$ the flow
+    is the limit of full-batch gradient descent
+    $W \leftarrow W - \eta(\nabla_W L + \lambda W)$ with one step per unit of
+    `t`, so `t = step` compares with GD. With an optax schedule $\eta(n)$ (or
+    heavy-ball `momentum`) the flow is the flow at $\eta = 1$ read at the clock
+    $s(t) = \int_0^t \eta$ (see `clock`, whose `momentum` and `discrete` options
+    these are): the integrator runs once at unit rate, so the tolerances act on the
+    same trajectory whatever the schedule, and clock values that repeat (a rate of
+    zero) are solved once. A schedule needs concrete `ts`.
 
     The flow is integrated for a factor, $M = W W^\top$ with
     $dW/dt = -\eta (2 G W + \lambda W)$ and $W_0 = M_0^{1/2}$ (the symmetric
@@ -87,32 +123,42 @@ def solve_mflow(
     modes switch on); its dense Jacobian has `p^4` entries, so for large `p` pass
     an explicit solver such as `diffrax.Tsit5()`.
 
-    Gradients with respect to the task, `eta`, `weight_decay` and `M0` go
-    through `adjoint` (default `RecursiveCheckpointAdjoint`); the square root of
-    `M0` has a custom derivative that stays finite for degenerate eigenvalues.
+    Gradients with respect to the task, a constant `learning_rate`,
+    `weight_decay` and `M0` go through `adjoint` (default
+    `RecursiveCheckpointAdjoint`); the square root of `M0` has a custom derivative
+    that stays finite for degenerate eigenvalues.
 
     **Arguments:**
 
     - `task`: the `Task` (`K`, `C`, `y2`).
     - `M0`: initial `M`, shape `(p, p)`, symmetric PSD, nonzero.
-    - `ts`: output times (in steps), shape `(T,)`, strictly increasing,
-      `ts[0] >= t0`.
-    - `eta`: the learning rate, > 0.
+    - `ts`: output times (in steps), shape `(T,)`, `T >= 1`, strictly increasing
+      (also once cast to the task's dtype), `ts[0] >= t0`.
+    - `learning_rate`: $\eta > 0$, or an optax schedule (a callable of the step).
+      (`eta=` is accepted for one release, with a `DeprecationWarning`.)
     - `weight_decay`: $\lambda \ge 0$, weight decay on `W` (default 0).
+    - `momentum`, `discrete`: the clock of a schedule or of momentum (see
+      `clock`; default: no momentum, the clock of the optimizer's steps).
     - `t0`: the time at which `M = M0` (default 0; `None` means `ts[0]`).
-    - `solver`, `rtol`, `atol`, `dt0`, `max_steps`, `adjoint`: diffrax options.
-      Tolerances default to 1e-9 in float64 and (1e-5, 1e-6) in float32;
-      `dt0=None` lets diffrax choose the first step.
+    - `solver`, `dt0`, `max_steps`, `adjoint`: diffrax options. `dt0=None` lets
+      diffrax choose the first step; `max_steps >= 1`.
+    - `stepsize_controller`: a diffrax step-size controller (default
+      `diffrax.PIDController(rtol, atol)`).
+    - `rtol`, `atol`: the default controller's tolerances, finite and `>= 0`;
+      1e-9 in float64 and (1e-5, 1e-6) in float32. Not together with
+      `stepsize_controller`.
     - `throw`: raise if the solve fails (e.g. `max_steps` reached). With
       `throw=False` (vmapped sweeps) a failed solve returns NaN everywhere; the
       step limit never truncates a solution silently.
-    - `full_output`: also return the `diffrax.Solution`.
 
-    **Returns:** `M(ts)`, shape `(T, p, p)`; with `full_output`, `(M, solution)`.
+    **Returns:** a `Solution` with `ys = M(ts)`, shape `(T, p, p)`, and `loss =
+    task.loss(M(ts))`, shape `(T,)`.
 
     **Raises:** `ValueError` if `M0` is not `(task.p, task.p)`, not symmetric PSD,
-    zero or not finite, if `ts` is not increasing, or if `eta <= 0` or
-    `weight_decay < 0`.
+    zero or not finite; if `ts` is empty, not increasing (or stops being so once
+    cast to the task's dtype) or starts before `t0`; if `learning_rate <= 0`,
+    `weight_decay < 0`, a tolerance is negative or not finite, or `max_steps < 1`
+    (traced values: at run time, through `eqx.error_if`).
     """
     if not isinstance(task, Task):
         raise ValueError(f"`task` must be a Task, got {type(task)}.")
@@ -125,46 +171,71 @@ def solve_mflow(
         )
     dtype = jnp.result_type(task.dtype, M0.dtype, float)
     M0 = symmetric_psd("M0", M0.astype(dtype))
-    eta = positive("eta", jnp.asarray(eta, dtype))
-    check_shape("eta", eta, ())
+    learning_rate = check_learning_rate(learning_rate, dtype)
     lam = nonnegative("weight_decay", jnp.asarray(weight_decay, dtype))
     check_shape("weight_decay", lam, ())
-    ts = increasing("ts", jnp.asarray(ts, dtype))
-    if t0 is not None and is_concrete(ts) and float(np.asarray(ts)[0]) < float(t0):
-        raise ValueError(f"`ts` must start at or after t0={t0}, got ts[0]={ts[0]}.")
-    t_start = ts[0] if t0 is None else jnp.asarray(t0, dtype)
-
-    W0 = _psd_sqrt(0.5 * (M0 + M0.T))
-    norm0 = jnp.sqrt(jnp.sum(W0**2))
-    if is_concrete(norm0) and not float(norm0) > 0:
-        raise ValueError("`M0` must be nonzero (M = 0 is a fixed point of the flow).")
-    norm0 = eqx.error_if(norm0, ~(norm0 > 0), "`M0` must be nonzero.")
-    y0 = (jnp.log(norm0), W0 / norm0)
-
-    default_rtol, default_atol = _default_tolerances(dtype)
-    rtol = default_rtol if rtol is None else rtol
-    atol = default_atol if atol is None else atol
-    solver = diffrax.Kvaerno5() if solver is None else solver
+    ts, t_start = check_times(ts, dtype, t0)
+    controller, pending = step_size_controller(
+        stepsize_controller, rtol, atol, _default_tolerances(dtype)
+    )
+    if callable(learning_rate) or momentum != 0:
+        # the unit-rate flow on the clock s(t)
+        eta = jnp.ones((), dtype)
+        s_start, times, inverse = flow_times(
+            learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+        )
+    else:
+        # a constant rate scales the field: gradients in it need no clock
+        eta, s_start, times, inverse = learning_rate, t_start, ts, None
     s_max = jnp.asarray(0.125 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
-
-    sol = diffrax.diffeqsolve(
+    (s, V), _, stats, result = integrate(
         _TERM,
-        solver,
-        t0=t_start,
-        t1=ts[-1],
+        diffrax.Kvaerno5() if solver is None else solver,
+        _initial_factor(M0),
+        (task, eta, lam, s_max),
+        s_start,
+        times,
+        controller=controller,
+        pending=pending,
         dt0=dt0,
-        y0=y0,
-        args=(task, eta, lam, s_max),
-        saveat=diffrax.SaveAt(ts=ts),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
         max_steps=max_steps,
         adjoint=adjoint,
         throw=throw,
+        inverse=inverse,
+        on_max_steps="Increase `max_steps` or loosen `rtol`/`atol`; "
+        "`throw=False` returns the step counts in `Solution.stats`.",
     )
-    s, V = sol.ys
     M = jnp.exp(2.0 * s)[:, None, None] * jnp.einsum("tij,tkj->tik", V, V)
-    ok = sol.result == diffrax.RESULTS.successful
-    M = jnp.where(ok, M, jnp.nan)
-    if full_output:
-        return M, sol
-    return M
+    return Solution(ts, M, jax.vmap(task.loss)(M), stats, result)
+
+
+def solve_mflow_schedule(
+    task: Task,
+    M0: Float[ArrayLike, "p p"],
+    ts: Float[ArrayLike, " T"],
+    learning_rate: Float[ArrayLike, ""] | Callable,
+    weight_decay: Float[ArrayLike, ""] = 0.0,
+    *,
+    momentum: float = 0.0,
+    discrete: bool = True,
+    **solve_options,
+) -> Float[Array, "T p p"]:
+    """Deprecated: use `solve_mflow(task, M0, ts, learning_rate, weight_decay,
+    momentum=..., discrete=...).ys`, which it returns (`M(ts)`, shape
+    `(T, p, p)`)."""
+    warnings.warn(
+        "solve_mflow_schedule is deprecated: solve_mflow takes the schedule as its "
+        "`learning_rate` (use `solve_mflow(...).ys`).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return solve_mflow(
+        task,
+        M0,
+        ts,
+        learning_rate,
+        weight_decay,
+        momentum=momentum,
+        discrete=discrete,
+        **solve_options,
+    ).ys

@@ -134,10 +134,9 @@ def _engines(cfg: DemoConfig, structure, xs, ys, lv, basis, record):
     )
     ts = jnp.asarray(record, jnp.float64)
     task = task_from_samples(structure, xs, ys)
-    M = solve_mflow(task, M0, ts, cfg.learning_rate)
-    L_m = jax.vmap(task.loss)(M)
+    L_m = solve_mflow(task, M0, ts, cfg.learning_rate).loss
     m0 = np.diag(basis.T @ M0 @ basis)
-    m_lv = solve_lv(lv, m0, ts)
+    m_lv = solve_lv(lv, m0, ts).ys
     return res, np.asarray(L_m), np.asarray(m_lv), m0
 
 
@@ -195,7 +194,7 @@ def _power_law(cfg: DemoConfig):
     # modes carry finite-p effects: fit between twice the first and p/2
     window = (float(t_on(2 * (a + b) * log_eps)), float(t_on(p / 2)))
     ts = np.geomspace(1.0, 4 * t_on(p), 400)
-    loss = np.asarray(lv.loss(solve_lv(lv, jnp.full(p, eps), jnp.asarray(ts))))
+    loss = np.asarray(solve_lv(lv, jnp.full(p, eps), jnp.asarray(ts)).loss)
     sharp = np.asarray(sharp_switch_loss(lv, eps, jnp.asarray(ts)))
     fit = fit_power_law(ts, loss, window=window)
     fit_sharp = fit_power_law(ts, sharp, window=window)
@@ -357,12 +356,12 @@ def run_demo(
         stair_loss = np.asarray(stair.loss_tau(tau_grid))
         rescaled = {}
         for c in (1, 2, 4, 8):
-            m_c = solve_lv(
+            sol_c = solve_lv(
                 lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps)
             )
             rescaled[rf"Lotka-Volterra, $\varepsilon$ = {np.exp(-c * log_eps):.0e}"] = (
                 tau_grid,
-                np.asarray(lv.loss(m_c)),
+                np.asarray(sol_c.loss),
             )
         done("engines")
 

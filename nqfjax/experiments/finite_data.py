@@ -117,7 +117,7 @@ def _finite_data_point(
         ts = jnp.asarray([run["num_steps"]], dtype)
         M = solve_mflow(
             task, W0 @ W0.T, ts, run["learning_rate"] / frac, lam, throw=False
-        )[-1]
+        ).ys[-1]
     else:
         res = train(
             QuadraticNet(p),

@@ -18,14 +18,9 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import static_int
 from .._curves import first_crossing
-from ..engines.clock import (
-    _check_momentum,
-    clock,
-    invert_clock,
-    solve_lv_schedule,
-    solve_mflow_schedule,
-)
-from ..engines.lv import lv_reduce
+from ..engines.clock import check_momentum, clock, invert_clock
+from ..engines.lv import lv_reduce, solve_lv
+from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, _check_key, log_spaced_steps, train
 from ..structures.base import Structure
 from ..tasks.base import Task
@@ -87,7 +82,7 @@ def _resolve_optimizer(optimizer, momentum):
     if optimizer is None and momentum is not None and float(momentum) != 0:
         optimizer = HeavyBall(momentum)
     if isinstance(optimizer, HeavyBall):
-        if momentum is not None and _check_momentum(momentum) != optimizer.momentum:
+        if momentum is not None and check_momentum(momentum) != optimizer.momentum:
             raise ValueError(
                 f"`momentum` ({momentum}) differs from the optimizer's "
                 f"({optimizer.momentum})."
@@ -100,7 +95,7 @@ def _resolve_optimizer(optimizer, momentum):
             "`optimizer` must be None, an optax GradientTransformation or a factory "
             f"`learning_rate -> GradientTransformation`, got {optimizer!r}."
         )
-    return optimizer, 0.0 if momentum is None else _check_momentum(momentum)
+    return optimizer, 0.0 if momentum is None else check_momentum(momentum)
 
 
 def _check_batch_sizes(b) -> None:
@@ -491,7 +486,8 @@ def compare_methods(
     amplitudes $m_k = u_k^\top M u_k$ in `basis` (default: the Lotka-Volterra
     basis of `lv_reduce(task_from_samples(structure, xs, ys), 1.0)`); the
     M-space flow from $M_0 = W_0 W_0^\top$ is run on the method's clock
-    (`solve_mflow_schedule`: exact gradient flow for any `W0`, aligned or not).
+    (`solve_mflow` with the schedule: exact gradient flow for any `W0`, aligned
+    or not).
     The switch-on time of a mode is the first time it reaches `level` times the
     peak of its flow curve, measured the same way on both
     (`switch_times_from_curves`); modes that grow less than `min_growth` times
@@ -521,10 +517,10 @@ def compare_methods(
       segment by segment.
 
     **The reference.** `reference="mflow"` (default) integrates
-    `solve_mflow_schedule` from $M_0$ (exact for any `W0`; its default
+    `solve_mflow` on the clock from $M_0$ (exact for any `W0`; its default
     implicit solver compiles slowly, pass e.g.
     `solve_options=dict(solver=diffrax.Tsit5())` for small problems);
-    `reference="lv"` integrates `solve_lv_schedule` from the diagonal of $M_0$
+    `reference="lv"` integrates `solve_lv` (on the clock) from the diagonal of $M_0$
     in the Lotka-Volterra basis, exact when `W0` is aligned with the modes
     (then `basis` must not be given) and much cheaper.
 
@@ -654,7 +650,7 @@ def _reference_flow(mth, ref, record, weight_decay, reference, opts):
     `(R, q)` and loss `(R,)`, from the M-space flow or the LV reduction."""
     ts = jnp.asarray(record, ref.W0.dtype)
     if reference == "mflow":
-        M_flow = solve_mflow_schedule(
+        flow = solve_mflow(
             ref.task,
             ref.M0,
             ts,
@@ -663,19 +659,17 @@ def _reference_flow(mth, ref, record, weight_decay, reference, opts):
             momentum=mth.clock_momentum,
             **opts,
         )
-        flow_m = jnp.einsum("pk,tpq,qk->tk", ref.basis, M_flow, ref.basis)
-        return np.asarray(flow_m), np.asarray(jax.vmap(ref.task.loss)(M_flow))
-    flow_m = np.asarray(
-        solve_lv_schedule(
-            ref.lv_unit,
-            np.maximum(ref.m0, np.finfo(ref.m0.dtype).tiny),
-            ts,
-            mth.learning_rate,
-            momentum=mth.clock_momentum,
-            **opts,
-        )
+        flow_m = jnp.einsum("pk,tpq,qk->tk", ref.basis, flow.ys, ref.basis)
+        return np.asarray(flow_m), np.asarray(flow.loss)
+    flow = solve_lv(
+        ref.lv_unit,
+        np.maximum(ref.m0, np.finfo(ref.m0.dtype).tiny),
+        ts,
+        mth.learning_rate,
+        momentum=mth.clock_momentum,
+        **opts,
     )
-    return flow_m, np.asarray(ref.lv_unit.loss(jnp.asarray(flow_m)))
+    return np.asarray(flow.ys), np.asarray(flow.loss)
 
 
 def _switched_on(flow_m, m0, record, min_growth):

@@ -10,6 +10,7 @@ from .._checks import (
     finite,
     is_concrete,
     positive,
+    renamed_keywords,
     static_int,
 )
 from .base import Task
@@ -30,7 +31,7 @@ class PowerLawTask(Task):
     $\lambda_k = k^{-\alpha}$, $m^\star_k = k^{-\beta}$, so the loss vanishes at
     $M = \mathrm{diag}(m^\star)$ and an unlearned mode costs
     $\lambda_k {m^\star_k}^2 / 2$. Only the vectors are stored; `C` is formed on
-    access. For many modes use `lotka_volterra(eta)` directly instead of
+    access. For many modes use `lotka_volterra(learning_rate)` directly instead of
     `lv_reduce` (which returns a dense `p x p` basis).
 
     Build with `power_law_task`.
@@ -58,12 +59,14 @@ class PowerLawTask(Task):
     def _K(self, X):
         return jnp.diag(self.lam * jnp.diag(X))
 
-    def lotka_volterra(self, eta, weight_decay=0.0):
-        r"""The exact Lotka-Volterra reduction in the standard basis:
+    @renamed_keywords(eta="learning_rate")
+    def lotka_volterra(self, learning_rate, weight_decay=0.0):
+        r"""The exact Lotka-Volterra reduction in the standard basis at learning
+        rate $\eta$ (`learning_rate`; `eta=` is accepted for one release):
         $r_k = 4\eta\lambda_k m^\star_k$, $B = 4\eta\,\mathrm{diag}(\lambda)$,
         `decay = 2 eta weight_decay`, with `loss` equal to the task's loss.
         Works under `jit`/`grad` (unlike `lv_reduce`, which runs eagerly)."""
-        eta = positive("eta", jnp.asarray(eta, self.dtype))
+        eta = positive("learning_rate", jnp.asarray(learning_rate, self.dtype))
         return LotkaVolterra(
             4.0 * eta * self.lam * self.mstar,
             decay=2.0 * eta * jnp.asarray(weight_decay, self.dtype),
