@@ -98,10 +98,8 @@ def nqfjax_batch(lv, ts, solver=None):
     ts = jnp.asarray(ts)
 
     def one(m0, atol):
-        m, sol = solve_lv(
-            lv, m0, ts, solver=solver, rtol=0.0, atol=atol, full_output=True
-        )
-        return m, sol.stats["num_steps"]
+        sol = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=atol)
+        return sol.ys, sol.stats["num_steps"]
 
     return jax.jit(jax.vmap(one, in_axes=(0, None)))
 

@@ -46,7 +46,7 @@ def _scipy(r, B, decay, m0, ts):
 @pytest.fixture(scope="module")
 def solve_dense():
     """`solve_lv` of a system built from traced `(B, decay)`: one compilation."""
-    return jax.jit(lambda B, decay: solve_lv(LotkaVolterra(R, B, decay), M0, TS))
+    return jax.jit(lambda B, decay: solve_lv(LotkaVolterra(R, B, decay), M0, TS).ys)
 
 
 def test_eager_checks_name_the_argument():
@@ -101,7 +101,7 @@ def test_vmap_checks():
     it); structured systems are checked the same way."""
 
     def solve(d, decay):
-        return solve_lv(LotkaVolterra(R, B_diag=d, decay=decay), M0, TS)
+        return solve_lv(LotkaVolterra(R, B_diag=d, decay=decay), M0, TS).ys
 
     batched = jax.jit(jax.vmap(solve))
     d = np.array([[1.0, 0.5, 0.25], [2.0, 1.0, 0.5]])

@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 import diffrax
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -132,21 +131,18 @@ def _initial_weights(structure, key, init_scale, width, dtype):
     return jnp.asarray(init_scale, dtype) * Z
 
 
-@eqx.filter_jit
-def _losses(task, M):
-    return jax.vmap(task.loss)(M)
-
-
 def _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps):
     """`M(ts)` and the loss along it from the M-space flow."""
-    M = solve_mflow(task, M0, ts, eta, weight_decay, solver=solver, max_steps=max_steps)
-    return M, _losses(task, M)
+    sol = solve_mflow(
+        task, M0, ts, eta, weight_decay, solver=solver, max_steps=max_steps
+    )
+    return sol.ys, sol.loss
 
 
 def _solve_lv_curve(lv, m0, ts, max_steps):
     """`m(ts)` and the loss along it from the Lotka-Volterra system."""
-    m = solve_lv(lv, m0, ts, max_steps=max_steps)
-    return m, jax.vmap(lv.loss)(m)
+    sol = solve_lv(lv, m0, ts, max_steps=max_steps)
+    return sol.ys, sol.loss
 
 
 def _reduce(task, eta, weight_decay, engine, tol):
