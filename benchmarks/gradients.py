@@ -3,7 +3,8 @@ differences, at equal accuracy.
 
 The work (issue 7, part 5): the Lotka-Volterra system of the quadratic network
 with Gaussian inputs of covariance `diag(lam)`, `lam_k = 1/k`, `p = 64` modes
-(THEORY.md section 3): in task units `B^ = 2 diag(lam^2) + lam lam^T` (diagonal
+(docs/theory/lotka-volterra.md): in task units `B^ = 2 diag(lam^2) + lam lam^T`
+(diagonal
 plus rank one) and growth rates `r` (initially `B^ 1`, so every `m*_k = 1`);
 learning rate `eta` and init scale `sigma` enter as
 

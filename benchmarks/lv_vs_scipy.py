@@ -2,7 +2,8 @@
 
 The work (issue 7, part 3): 256 systems with p = 64 modes,
 `B = 2 diag(lam^2) + lam lam^T`, `lam_k = 1/k` (the quadratic network with
-Gaussian inputs of covariance `diag(lam)` and `4 eta = 1`, THEORY.md section 3),
+Gaussian inputs of covariance `diag(lam)` and `4 eta = 1`,
+docs/theory/lotka-volterra.md),
 `r = B 1` (a teacher with every `m*_k = 1`, so every mode eventually switches
 on), no decay; initial values `m0_k = 10^U(-12, -4)` drawn independently for
 every mode of every system; 200 log-spaced outputs from `t = 1e-2` to `1e4`.

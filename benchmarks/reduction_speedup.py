@@ -4,8 +4,8 @@ The work (issue 7, part 4): the real two-layer tanh perceptron
 `f(x) = sum_i a_i tanh(u_i . x)` with `d = 64` inputs, `k = 16` outputs and
 `m = 256` units (`p = k + d = 80`), trained by full-batch GD (learning rate
 0.05, 2,000 steps) on `n = 4096` Gaussian inputs whitened exactly
-(`X^T X / n = I` to roundoff, so the sampled task reduces exactly, THEORY.md
-section 3) with a linear teacher `y = T x` of singular values
+(`X^T X / n = I` to roundoff, so the sampled task reduces exactly,
+docs/theory/lotka-volterra.md) with a linear teacher `y = T x` of singular values
 `0.2 * 0.8^j`, `j = 0..15`; init scale `sigma = 1e-3` with orthogonal rows,
 `W0 = sigma sqrt(m) Q` (`Q Q^T = I`), so `M0 = sigma^2 m I` is diagonal in every
 basis and the LV reduction of the flow is exact from the first step. Float32

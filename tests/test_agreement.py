@@ -1,4 +1,4 @@
-"""The three engines agree (issue 3; THEORY.md sections 2-4): W-space training
+"""The three engines agree (issue 3; docs/theory/closed-flow.md): W-space training
 (`train`), the closed M-space flow (`solve_mflow`) and the Lotka-Volterra
 reduction (`lv_reduce` + `solve_lv`).
 
@@ -10,7 +10,7 @@ vanish, so the coordinate axes are the shared eigenbasis), an orthogonal design
 with E[x x^T] = I exactly for the perceptron.
 
 Time: step `s` of GD with learning rate `eta` is `t = s` of the flow with `eta`
-inside it (THEORY.md section 2). GD follows the flow up to O(eta) (a mode grows
+inside it (docs/theory/closed-flow.md). GD follows the flow up to O(eta) (a mode grows
 by (1 + r/2)^2 per step, not e^r); where 1e-3 is asked for, the O(eta) error is
 removed by Richardson extrapolation, 2 L_GD(eta/2, 2s) - L_GD(eta, s), which
 leaves O(eta^2).

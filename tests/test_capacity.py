@@ -1,5 +1,6 @@
 """Converged solutions, minimum width and the finite-data map (nqfjax/capacity.py,
-THEORY.md section 6), checked against closed forms, scipy, W-space training and the
+docs/theory/finite-width-and-data.md), checked against closed forms, scipy, W-space
+training and the
 M-space flow."""
 
 import diffrax

@@ -287,7 +287,7 @@ P, ALPHA, BETA, EPS, ETA = 2000, 1.0, 0.5, 1e-16, 0.25
 
 
 def _power_law_lv():
-    """The power-law LV system of THEORY.md section 5 (`4 eta = 1`), with the
+    """The power-law LV system of docs/theory/power-laws.md (`4 eta = 1`), with the
     modes beyond `P` kept as a constant of the loss (Hurwitz zeta), as in
     test_power_law.py."""
     lv = nqfjax.power_law_task(P, ALPHA, BETA).lotka_volterra(ETA)
@@ -320,8 +320,9 @@ def test_fit_recovers_power_law(tmp_path, capsys):
     assert summary["n_points"] == 200
 
     # the exponent against the theory's refined prediction: the slope of the
-    # sharp-switch sum (THEORY.md section 5) over the fitted window. The two
-    # agree to 0.1-0.3% (THEORY.md); the asymptotic (alpha + 2 beta - 1) /
+    # sharp-switch sum (docs/theory/power-laws.md) over the fitted window. The two
+    # agree to 0.1-0.3% (docs/theory/power-laws.md); the asymptotic (alpha + 2
+    # beta - 1) /
     # (alpha + beta) = 2/3 is 1% below here, so 0.5% tells them apart
     law = summary["power_law"]
     lo, hi = law["window"]

@@ -14,7 +14,8 @@ from nqfjax.analysis.spectrum import _spectrum_log_loss
 
 def _logistic_power_law_loss(ts, p, alpha, beta, eps, eta=0.25):
     """The exact loss of `power_law_task(p, alpha, beta)` from `m0 = eps`: each
-    isolated mode is logistic (THEORY.md section 4), summed in closed form."""
+    isolated mode is logistic (docs/theory/switch-on-times.md), summed in closed
+    form."""
     k = np.arange(1, p + 1, dtype=np.float64)
     lam, mstar = k**-alpha, k**-beta
     r = 4 * eta * lam * mstar
@@ -91,7 +92,7 @@ def test_fit_power_law_lv_curve(alpha, beta):
     loss, _ = _logistic_power_law_loss(ts, p, alpha, beta, eps)
     fit = nqfjax.fit_power_law(ts, loss)
     gamma = nqfjax.power_law_exponent(alpha, beta, "rich")
-    # THEORY.md section 5: the fitted exponent sits a few percent above gamma
+    # docs/theory/power-laws.md: the fitted exponent sits a few percent above gamma
     # (logarithmic corrections, finite p); measured +1.4% and +1.6% here.
     assert abs(fit.gamma / gamma - 1) < 0.05
     assert fit.gamma > gamma
@@ -127,7 +128,7 @@ def wspace_curve():
     `k = 8` outputs, width 16, small isotropic init) whose task has power-law
     spectra: 16 inputs with empirical covariance exactly `diag(k^-alpha)` (scaled
     Hadamard columns) and the diagonal teacher `y_k = k^-beta x_k`. The LV
-    reduction (THEORY.md section 3) then has independent modes with
+    reduction (docs/theory/lotka-volterra.md) then has independent modes with
     `B_kk = eta k^-alpha` and `m*_k = 2 k^-beta`, i.e. the model of `fit_spectrum`
     with these exponents, up to the random init (each mode starts at its own
     `eps_k`, with small couplings) and GD's discretisation."""
@@ -224,7 +225,7 @@ LV_P, LV_ALPHA, LV_BETA, LV_EPS = 2000, 1.0, 0.5, 1e-16
 @pytest.fixture(scope="module")
 def long_spectrum_curve():
     """The loss of `power_law_task(2000, 1, 0.5)` at learning rate 1/4 (so
-    `r_k = k^-1.5`, `B_kk = k^-1`, THEORY.md section 5) from `m0 = 1e-16`,
+    `r_k = k^-1.5`, `B_kk = k^-1`, docs/theory/power-laws.md) from `m0 = 1e-16`,
     integrated by `solve_lv` (diagonal B: O(p) per step) up to t = 1e6, where
     modes up to k ~ 900 have switched on: far beyond a 200-mode model."""
     ts = np.geomspace(1.0, 1e6, 100)

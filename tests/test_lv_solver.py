@@ -87,7 +87,8 @@ def test_matches_scipy_from_1e_12(system, mode):
 
 
 def test_independent_modes_are_logistic():
-    """Diagonal `B` (a `(p, 0)` factor): each mode follows THEORY.md section 4,
+    """Diagonal `B` (a `(p, 0)` factor): each mode follows
+    docs/theory/switch-on-times.md,
     `m(t) = m* / (1 + (m*/eps - 1) exp(-r t))` with `m* = r / B_kk`."""
     r = np.array([1.0, 0.3, 0.05])
     b = np.array([2.0, 0.5, 0.1])

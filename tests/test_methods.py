@@ -1,10 +1,10 @@
 """Training methods on M and delayed generalisation (issue 8 items 4-5;
-THEORY.md sections 2 and 6).
+docs/theory/closed-flow.md).
 
 Methods: the whitened two-layer linear network (the perceptron's quadratic
 form) with an orthogonal design, so the sampled task reduces exactly: three
 teacher singular values s = (4, 2, 1) give three modes (a_s, b_s)/sqrt2 with
-r = 2 eta s per step (THEORY.md section 3).
+r = 2 eta s per step (docs/theory/lotka-volterra.md).
 
 Time: step `n` of an optimizer with learning rate eta(n) advances the flow by
 eta(n) (the clock s(t) = sum of eta); the flow with eta = 1 at s(t) is the

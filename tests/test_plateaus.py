@@ -1,5 +1,5 @@
 """Plateau detection, and switch-on times measured on W-space training
-(THEORY.md section 4): the whitened perceptron (independent modes) and the
+(docs/theory/switch-on-times.md): the whitened perceptron (independent modes) and the
 quadratic network (interacting modes), trained by `nqfjax.train`."""
 
 import itertools

@@ -1,4 +1,4 @@
-"""Power laws from many unresolved modes (THEORY.md section 5): thousands of
+"""Power laws from many unresolved modes (docs/theory/power-laws.md): thousands of
 independent Lotka-Volterra modes integrated with `solve_lv`, the refined
 sharp-switch sum, `power_law_exponent` in the rich and lazy regimes."""
 
@@ -86,12 +86,13 @@ def test_rich_power_law(alpha, beta):
     np.testing.assert_allclose(g1, g2, rtol=0.03)
 
     # the refined sharp-switch sum keeps the log corrections: its slope matches
-    # the simulation to < 1% (THEORY.md: 0.1-0.3%)
+    # the simulation to < 1% (docs/theory/power-laws.md: 0.1-0.3%)
     sharp = np.asarray(nqfjax.sharp_switch_loss(lv, EPS, ts))
     gamma_sharp, _ = _fit_exponent(ts, sharp)
     np.testing.assert_allclose(gamma_fit, gamma_sharp, rtol=0.01)
     # the asymptotic exponent: the log corrections make the fit come out a few
-    # percent above it (THEORY.md: +2% to +5% at eps = 1e-16..1e-30)
+    # percent above it (docs/theory/power-laws.md: +2% to +5% at eps =
+    # 1e-16..1e-30)
     gamma = nqfjax.power_law_exponent(alpha, beta, "rich")
     np.testing.assert_allclose(gamma_fit, gamma, rtol=0.05)
     assert gamma_fit > gamma
@@ -132,7 +133,7 @@ def test_lazy_power_law(alpha, beta):
 
 
 def test_sharp_switch_loss_is_the_sum():
-    """`sharp_switch_loss` against the brute-force sum of THEORY.md section 5,
+    """`sharp_switch_loss` against the brute-force sum of docs/theory/power-laws.md,
     `(1/2) sum_{k: t_k > t} lam_k m*_k^2`, with decay and per-mode eps too."""
     alpha, beta, p = 1.2, 0.4, 300
     k = np.arange(1, p + 1.0)

@@ -1,11 +1,11 @@
-"""Weight spectra (issue 8 item 3; THEORY.md section 6): the Marchenko-Pastur
+"""Weight spectra (issue 8 item 3; docs/theory/weight-spectra.md): the Marchenko-Pastur
 bulk of M0 = sigma^2 Z Z^T and the outliers that learned modes pull out of it.
 
 The task with four modes is the whitened two-layer linear network (the
 perceptron's quadratic form, A_j = (e_j x^T + x e_j^T)/2): an orthogonal design
 makes (1/n) xs^T xs = I exactly, so the sampled task reduces exactly and each
 singular value s of the teacher is one independent logistic mode with
-r = 2 eta s and learned value m* = 2 s (THEORY.md section 3), along
+r = 2 eta s and learned value m* = 2 s (docs/theory/lotka-volterra.md), along
 (a_s, b_s)/sqrt2; the (a_s, -b_s)/sqrt2 directions have r = -2 eta s and shrink.
 """
 

@@ -1,5 +1,5 @@
 """Switch-on times, the singular-limit staircase and its quadratic program
-(THEORY.md section 4), checked against `solve_lv`, closed forms and scipy.
+(docs/theory/switch-on-times.md), checked against `solve_lv`, closed forms and scipy.
 
 Power laws are in `test_power_law.py`, plateau detection and W-space training in
 `test_plateaus.py`.
@@ -320,7 +320,7 @@ def test_singular_limit_independent_modes():
 def _quadratic_network_lv(cov, mu, eta=0.25):
     r"""The quadratic network `f(x) = sum_i (u_i . x)^2` on Gaussian inputs with
     covariance `S = diag(cov)`, teacher `y = x^T diag(mu) x`. From
-    `K[X] = 2 S X S + S Tr[S X]` and `C = K[diag(mu)]` (THEORY.md sections 2-3),
+    `K[X] = 2 S X S + S Tr[S X]` and `C = K[diag(mu)]` (docs/theory/closed-flow.md),
     in the standard basis: `B = 4 eta (2 diag(cov^2) + cov cov^T)` (diagonal plus
     rank one), `r = B mu`, and the loss is `(m - mu)^T B (m - mu) / (8 eta)`."""
     cov = np.asarray(cov, np.float64)

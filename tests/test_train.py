@@ -1,5 +1,5 @@
 """W-space training (`nqfjax.train`): checked against hand-written numpy loops,
-closed forms, and the predictions of THEORY.md section 2 for SGD and Adam."""
+closed forms, and the predictions of docs/theory/closed-flow.md for SGD and Adam."""
 
 import equinox as eqx
 import jax
@@ -13,7 +13,8 @@ import nqfjax
 
 
 # ---------------------------------------------------------------------------
-# numpy references, written from THEORY.md's formulas, independent of nqfjax
+# numpy references, written from the formulas of docs/theory/, independent
+# of nqfjax
 
 
 def _np_A(structure, xs):
@@ -367,7 +368,8 @@ def test_basis_snapshots_and_record_steps(getkey):
 
 def _sign_symmetric_samples(base, scales):
     """Every sign pattern of each base sample: odd moments vanish exactly, so
-    the coordinate axes are the modes of a quadratic net (THEORY.md section 3)."""
+    the coordinate axes are the modes of a quadratic net
+    (docs/theory/lotka-volterra.md)."""
     d = base.shape[1]
     signs = np.array(np.meshgrid(*[[1.0, -1.0]] * d)).reshape(d, -1).T
     return (base[:, None, :] * signs[None]).reshape(-1, d) * np.asarray(scales)

@@ -43,8 +43,9 @@ class DemoConfig:
 
     The network is a two-layer tanh perceptron on exactly whitened inputs (an
     orthogonal design, `(1/n) X^T X = I`), with a linear teacher of singular values
-    `singular_values`: each singular value is one logistic mode (THEORY.md
-    section 3). The learning rate keeps `r_k = 2 eta s_k <= 0.01` per step, so
+    `singular_values`: each singular value is one logistic mode
+    (docs/theory/lotka-volterra.md). The learning rate keeps
+    `r_k = 2 eta s_k <= 0.01` per step, so
     gradient descent follows the flow to ~0.3% in time. Small singular values keep
     the learned weights small, so that tanh's cubic term stays negligible: it
     couples the modes, and once the first modes are learned it seeds the later

@@ -41,8 +41,9 @@ def _check_symmetric(name: str, X, *, rtol: float = 1e-6):
 
 
 class Task(eqx.Module):
-    r"""What a data distribution contributes to the dynamics of `M` (THEORY.md
-    section 2): the matrix-free PSD map `K`, the matrix `C` and `E|y|^2`.
+    r"""What a data distribution contributes to the dynamics of `M`
+    (docs/theory/closed-flow.md): the matrix-free PSD map `K`, the matrix `C`
+    and `E|y|^2`.
 
     Concrete tasks provide `C`, `y2` and `_K`; `K`, `loss` and `gradient` are
     shared. `K` is linear and self-adjoint in the Frobenius inner product; it is

@@ -53,7 +53,7 @@ def gaussian_quadratic_task(
     covariance: Float[ArrayLike, "d d"], M_star: Float[ArrayLike, "d d"]
 ) -> GaussianQuadraticTask:
     r"""The quadratic network $f(x) = \sum_i (u_i\cdot x)^2$ on Gaussian inputs
-    $x \sim N(0, S)$ with teacher $y = x^\top M_\star x$ (THEORY.md section 2).
+    $x \sim N(0, S)$ with teacher $y = x^\top M_\star x$ (docs/theory/closed-flow.md).
 
     $K[X] = 2 S X S + S\,\mathrm{Tr}[S X]$, $C = K[M_\star]$ and
     $\mathbb{E}y^2 = \langle M_\star, K[M_\star]\rangle$, so the loss vanishes
@@ -146,7 +146,7 @@ def gaussian_perceptron_task(
 ) -> GaussianPerceptronTask:
     r"""The two-layer perceptron $f(x) = \sum_i a_i \sigma(u_i \cdot x)$ with
     `k` outputs on Gaussian inputs $x \sim N(0, S)$ and the linear teacher
-    $y = T x$ (THEORY.md sections 1-3).
+    $y = T x$ (docs/theory/quadratic-form.md).
 
     The layout is that of `Perceptron(d, k)`: `p = k + d`, readout block first.
     With whitened inputs (`S = I`) the task reduces to a Lotka-Volterra system

@@ -22,7 +22,7 @@ from .lotka_volterra import LotkaVolterra
 
 
 class PowerLawTask(Task):
-    r"""Independent modes with power-law spectra (THEORY.md section 5):
+    r"""Independent modes with power-law spectra (docs/theory/power-laws.md):
 
     $$K[X] = \mathrm{diag}(\lambda \odot \mathrm{diag}\,X), \qquad
     C = \mathrm{diag}(\lambda \odot m^\star), \qquad
