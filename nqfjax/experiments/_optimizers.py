@@ -12,7 +12,7 @@ import dataclasses
 
 import optax
 
-from ..engines.clock import _check_momentum
+from ..engines.clock import check_momentum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class HeavyBall:
     momentum: float = 0.9
 
     def __post_init__(self):
-        object.__setattr__(self, "momentum", _check_momentum(self.momentum))
+        object.__setattr__(self, "momentum", check_momentum(self.momentum))
 
     def __call__(self, learning_rate) -> optax.GradientTransformation:
         return optax.sgd(learning_rate, momentum=self.momentum)
