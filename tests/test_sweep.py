@@ -215,9 +215,15 @@ def test_kill_and_resume(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 120
-    first_two = [ckpt / "chunk_000000.npz", ckpt / "chunk_000001.npz"]
-    while not all(p.exists() for p in first_two):
+    deadline = time.monotonic() + 300
+
+    def listed():  # the finished chunks: written, then entered in the manifest
+        try:
+            return sorted(json.loads((ckpt / "manifest.json").read_text())["chunks"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            return []
+
+    while listed() != ["000000", "000001"]:
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         assert time.monotonic() < deadline, "worker made no progress"
         time.sleep(0.05)
