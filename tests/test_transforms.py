@@ -1,0 +1,229 @@
+"""The jit-sensitive public functions give the same numbers with and without
+`jax.jit` (chex variants), checked against an independent reference in float64,
+and reject one bad input each with the argument's name: a `ValueError` eagerly,
+the same text as a runtime error (`eqx.error_if`) under `jit` and `vmap`.
+
+The references: `A(x)` is the compiled closed form the other test modules share
+(`helpers.jit_A`, checked against half the Hessian of the unit in
+`test_structures`), so the eager variant is the jit-vs-eager comparison; the
+quadratic form, the sampled task's loss and gradient, the power-law reduction,
+the LV loss and the sharp-switch loss are their defining formulas in numpy;
+`solve_lv` on independent modes is the logistic closed form. Every reference is
+exact up to float64 round-off, so the tolerances are round-off ones (1e-12
+relative unless a comment says otherwise): both variants meeting them means jit
+and no-jit agree to 2e-12.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+from helpers import (
+    all_structures,
+    jit_A,
+    jit_layer,
+    n_units,
+    random_input,
+    structure_id,
+    values,
+)
+
+import nqfjax
+
+
+RTOL = 1e-12
+
+STRUCTURES = [(structure_id(s), s) for s in all_structures()]
+
+
+def _error_type(variant) -> type[Exception]:
+    """Eagerly a bad value is a ValueError; under `jit` the check is an
+    `eqx.error_if`, which raises a RuntimeError (jax's JaxRuntimeError)."""
+    if variant.type == chex.ChexVariantType.WITHOUT_JIT:
+        return ValueError
+    return RuntimeError
+
+
+def _sampled_reference(structure, xs, ys, M):
+    """The sampled task's loss and gradient from their definitions,
+    `L = mean_s |Tr[M A(x_s)] + f(x_s; 0) - y_s|^2 / 2` and
+    `G = mean_s sum_j (Tr[M A_j(x_s)] + f_j(x_s; 0) - y_sj) A_j(x_s)`."""
+    A = np.stack([np.asarray(jit_A(structure, x)) for x in xs])  # (n, k, p, p)
+    zero = jnp.zeros((structure.p, 1))
+    offsets = np.stack([np.asarray(jit_layer(structure, zero, x)) for x in xs])
+    residual = np.einsum("skij,ij->sk", A, np.asarray(M)) + offsets - np.asarray(ys)
+    loss = 0.5 * np.mean(np.sum(residual**2, axis=1))
+    gradient = np.einsum("sk,skij->ij", residual, A) / len(xs)
+    return loss, gradient
+
+
+class TestJitAndEager(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(*STRUCTURES)
+    def test_structure_matrix_and_quadratic_form(self, structure):
+        keys = jax.random.split(jax.random.key(0), 2)
+        x = random_input(structure, keys[0])
+        W = jax.random.normal(keys[1], (structure.p, n_units(structure)))
+
+        def forms(W, x):  # a closure: jax.jit cannot hash the module's arrays
+            return structure.A(x), nqfjax.nqf_apply(structure, W, x)
+
+        A, f = self.variant(forms)(W, x)
+        chex.assert_shape(
+            [A, f], [(structure.k, structure.p, structure.p), (structure.k,)]
+        )
+        # entries are O(1); atol covers the entries that vanish
+        A_ref = np.asarray(jit_A(structure, x))
+        f_ref = np.einsum("im,kij,jm->k", np.asarray(W), A_ref, np.asarray(W))
+        chex.assert_trees_all_close((A, f), (A_ref, f_ref), rtol=RTOL, atol=1e-13)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(
+        ("perceptron", nqfjax.Perceptron(d=3, k=2)),
+        # a structure with an offset f(x; 0) != 0 (the mean under a uniform softmax)
+        ("qk_softmax", nqfjax.QKAttention(T=4, d=3, k=2, softmax=True)),
+    )
+    def test_sampled_task_loss_and_gradient(self, structure):
+        keys = jax.random.split(jax.random.key(1), 3)
+        xs = jax.random.normal(keys[0], (6, *structure.input_shape))
+        ys = jax.random.normal(keys[1], (6, structure.k))
+        task = nqfjax.task_from_samples(structure, xs, ys)
+        X = jax.random.normal(keys[2], (structure.p, structure.p))
+        M = 0.3 * (X @ X.T)
+
+        def pieces(M):
+            # reverse mode too: K is self-adjoint, so at a symmetric M the
+            # gradient of L is K[M] - C
+            return task.loss(M), task.gradient(M), jax.grad(lambda M: task.loss(M))(M)
+
+        loss, gradient, grad = self.variant(pieces)(M)
+        loss_ref, gradient_ref = _sampled_reference(structure, xs, ys, M)
+        chex.assert_trees_all_close(loss, loss_ref, rtol=RTOL)
+        chex.assert_trees_all_close(
+            (gradient, grad), (gradient_ref, gradient_ref), rtol=RTOL, atol=1e-13
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_power_law_reduction(self):
+        # alpha, beta and eta traced under jit (the reduction promises to trace)
+        def reduce(alpha, beta, eta):
+            lv = nqfjax.power_law_task(8, alpha, beta).lotka_volterra(eta)
+            return lv.r, lv.B_diag, lv.loss_scale, lv.loss_offset
+
+        alpha, beta, eta = 1.3, 0.4, 0.25
+        k = np.arange(1.0, 9.0)
+        expected = (
+            4 * eta * k ** -(alpha + beta),  # r_k = 4 eta lam_k m*_k
+            4 * eta * k**-alpha,  # B_kk = 4 eta lam_k
+            1 / (4 * eta),
+            0.5 * np.sum(k**-alpha * k ** (-2 * beta)),  # E|y|^2 / 2
+        )
+        got = self.variant(reduce)(alpha, beta, eta)
+        chex.assert_trees_all_close(got, expected, rtol=RTOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_lotka_volterra_loss(self):
+        rng = np.random.default_rng(2)
+        U = rng.normal(size=(4, 2))
+        d = rng.uniform(0.5, 1.5, 4)
+        r = rng.uniform(0.1, 1.0, 4)
+        m = rng.uniform(0.0, 1.0, (3, 4))  # a batch of states
+        B = np.diag(d) + U @ U.T
+        expected = 0.7 * (0.5 * np.einsum("bk,kl,bl->b", m, B, m) - m @ r) + 0.2
+
+        def dense(r, B, m):
+            return nqfjax.LotkaVolterra(r, B, loss_scale=0.7, loss_offset=0.2).loss(m)
+
+        def structured(r, d, U, m):
+            lv = nqfjax.LotkaVolterra(
+                r, B_diag=d, B_factor=U, loss_scale=0.7, loss_offset=0.2
+            )
+            return lv.loss(m)
+
+        chex.assert_trees_all_close(self.variant(dense)(r, B, m), expected, rtol=RTOL)
+        chex.assert_trees_all_close(
+            self.variant(structured)(r, d, U, m), expected, rtol=RTOL
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_sharp_switch_loss(self):
+        alpha, beta, eta, p = 1.0, 0.5, 0.25, 6
+        lv = nqfjax.power_law_task(p, alpha, beta).lotka_volterra(eta)
+        m0 = jnp.full(p, 1e-8)
+        ts = jnp.geomspace(1.0, 1e5, 40)
+        got = self.variant(lambda m0, ts: nqfjax.sharp_switch_loss(lv, m0, ts))(m0, ts)
+        # mode k jumps to m*_k = k^-beta at t_k = ln(m*_k / m0) / r_k; the loss is
+        # what the modes still off leave: (1/2) sum_{t_k > t} lam_k m*_k^2
+        k = np.arange(1.0, p + 1)
+        lam, mstar = k**-alpha, k**-beta
+        t_on = np.log(mstar / 1e-8) / (4 * eta * lam * mstar)
+        off = t_on[None, :] > np.asarray(ts)[:, None]
+        expected = 0.5 * np.sum(off * lam * mstar**2, axis=1)
+        assert 0 < off.sum() < off.size  # the times span the switch-ons
+        chex.assert_trees_all_close(got, expected, rtol=RTOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_solve_lv_logistic_modes(self):
+        # independent modes: each is the logistic m*/(1 + (m*/m0 - 1) e^{-r t})
+        r = jnp.array([1.0, 0.4])
+        B = jnp.array([2.0, 0.5])
+        lv = nqfjax.LotkaVolterra(r, B_diag=B)
+        m0 = jnp.array([1e-6, 1e-9])
+        ts = jnp.linspace(1.0, 80.0, 17)
+        m = values(self.variant(lambda m0: nqfjax.solve_lv(lv, m0, ts))(m0))
+        chex.assert_shape(m, (17, 2))
+        mstar = np.asarray(r / B)
+        t = np.asarray(ts)[:, None]
+        expected = mstar / (
+            1 + (mstar / np.asarray(m0) - 1) * np.exp(-np.asarray(r) * t)
+        )
+        # the default float64 tolerance is atol 1e-9 on log m, i.e. a relative
+        # error of m; measured 5e-10 over both switch-ons (jit and eager equal
+        # bit for bit): 1e-8 leaves a 20x margin
+        chex.assert_trees_all_close(m, expected, rtol=1e-8, atol=0)
+
+    # -- one bad input each: the same message eagerly, under jit and under vmap
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_nqf_apply_rejects_nan_weights(self):
+        s = nqfjax.Perceptron(d=3, k=2)
+        x = jnp.ones(3)
+        bad = jnp.ones((5, 2)).at[1, 1].set(jnp.nan)
+        apply = self.variant(lambda W: nqfjax.nqf_apply(s, W, x))
+        with self.assertRaisesRegex(_error_type(self.variant), "`W` contains NaN"):
+            apply(bad)
+        batched = self.variant(jax.vmap(lambda W: nqfjax.nqf_apply(s, W, x)))
+        with self.assertRaisesRegex(RuntimeError, "`W` contains NaN"):
+            batched(jnp.stack([jnp.ones((5, 2)), bad]))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_power_law_reduction_rejects_bad_eta(self):
+        reduce = self.variant(
+            lambda eta: nqfjax.power_law_task(4, 1.0, 0.5).lotka_volterra(eta).r
+        )
+        with self.assertRaisesRegex(
+            _error_type(self.variant), "`eta` must be strictly"
+        ):
+            reduce(-0.1)
+        batched = self.variant(jax.vmap(reduce))
+        with self.assertRaisesRegex(RuntimeError, "`eta` must be strictly"):
+            batched(jnp.array([0.1, 0.0]))
+        # and good values pass through the same programs
+        chex.assert_trees_all_close(
+            batched(jnp.array([0.1, 0.2])),
+            4 * np.array([[0.1], [0.2]]) * np.arange(1.0, 5.0) ** -1.5,
+            rtol=RTOL,
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_sharp_switch_loss_rejects_nonpositive_m0(self):
+        lv = nqfjax.power_law_task(4, 1.0, 0.5).lotka_volterra(0.25)
+        ts = jnp.geomspace(1.0, 1e3, 5)
+        loss = self.variant(lambda m0: nqfjax.sharp_switch_loss(lv, m0, ts))
+        bad = jnp.array([1e-6, 0.0, 1e-6, 1e-6])
+        with self.assertRaisesRegex(_error_type(self.variant), "`m0` must be strictly"):
+            loss(bad)
+        batched = self.variant(jax.vmap(loss))
+        with self.assertRaisesRegex(RuntimeError, "`m0` must be strictly"):
+            batched(jnp.stack([jnp.full(4, 1e-6), bad]))
