@@ -50,7 +50,7 @@ from _common import (  # noqa: E402
 )
 
 import nqfjax  # noqa: E402
-from nqfjax.experiments.predict import default_hyperparameters  # noqa: E402
+from nqfjax.experiments.predict_file import default_hyperparameters  # noqa: E402
 
 
 SIGMA, K, WIDTH, RECORDS = 1e-4, 4, 64, 100

@@ -37,6 +37,11 @@ from .engines.mflow import (
     solve_mflow_schedule as solve_mflow_schedule,
 )
 from .engines.train import TrainResult as TrainResult, train as train
+from .experiments.compare import (
+    MethodReport as MethodReport,
+    compare_methods as compare_methods,
+    switch_times_from_curves as switch_times_from_curves,
+)
 from .experiments.curve import (
     Curve as Curve,
     analyse_curve as analyse_curve,
@@ -57,9 +62,6 @@ from .experiments.finite_data import (
 )
 from .experiments.methods import (
     Method as Method,
-    MethodReport as MethodReport,
-    compare_methods as compare_methods,
-    switch_times_from_curves as switch_times_from_curves,
     train_method as train_method,
 )
 from .experiments.predict import (
@@ -67,8 +69,8 @@ from .experiments.predict import (
     Prediction as Prediction,
     agreement as agreement,
     predict as predict,
-    predict_file as predict_file,
 )
+from .experiments.predict_file import predict_file as predict_file
 from .experiments.sweep_config import (
     SweepConfig as SweepConfig,
     load_sweep_config as load_sweep_config,

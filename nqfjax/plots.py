@@ -311,3 +311,28 @@ def plot_curve_analysis(
     ax.set_title("Loss curve analysis")
     ax.legend(fontsize=8)
     return fig
+
+
+def plot_prediction(prediction, trained=None, title: str = ""):
+    """A prediction's loss curve with its switch-on times marked, and optionally
+    the trained network's curve (`nqfjax predict`)."""
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+    ax = fig.subplots()
+    ts, loss = np.asarray(prediction.ts), np.asarray(prediction.loss)
+    keep = ts > 0
+    ax.loglog(
+        ts[keep], loss[keep], "C0-", lw=2.4, label=f"predicted ({prediction.engine})"
+    )
+    if trained is not None:
+        tt, lt = np.asarray(trained.ts), np.asarray(trained.loss)
+        keep = (tt > 0) & (lt > 0)
+        ax.loglog(tt[keep], lt[keep], "k--", lw=1.4, label="trained network")
+    for i, t in enumerate(np.asarray(prediction.switch_times)):
+        if np.isfinite(t):
+            label = "predicted switch-on" if i == 0 else None
+            ax.axvline(t, color="C1", lw=0.9, ls=":", label=label)
+    ax.set_xlabel("t (gradient steps)")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig

@@ -1,6 +1,6 @@
-r"""Predictions for a user's own architecture and data (`predict`), their
-agreement with a measured run (`agreement`), and the file-to-report driver of
-`nqfjax predict` (`predict_file`).
+r"""Predictions for a user's own architecture and data (`predict`) and their
+agreement with a measured run (`agreement`); `experiments/predict_file.py` is
+the file-to-report driver of `nqfjax predict`.
 
 `predict` builds the empirical task of the samples, reduces it to a
 Lotka-Volterra system where the data allow (`lv_reduce`), and otherwise
@@ -8,9 +8,7 @@ integrates the M-space flow from the initial `M0 = W0 W0^T` that `train` would
 start from with the same key, saying which engine it used and why.
 """
 
-import os
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import diffrax
 import equinox as eqx
@@ -20,15 +18,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import static_int
-from ..data import load_data_file, load_dataset
 from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
-from ..engines.train import TrainResult, log_spaced_steps, train
-from ..io import jsonable, versions, write_figure, write_json
+from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import Structure
-from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
-from .methods import switch_times_from_curves
+from .compare import switch_times_from_curves
 
 
 _ENGINES = ("auto", "lv", "mflow", "approximate_lv")
@@ -492,239 +487,3 @@ def agreement(
         log_loss_departure=jnp.asarray(np.max(np.abs(log_meas - log_pred)), dtype),
         horizon=jnp.asarray(horizon, dtype),
     )
-
-
-# --------------------------------------------------------------------------------
-# `nqfjax predict`: a data file (or a bundled data set) to a figure and JSON
-
-
-def structure_for_data(
-    arch: str, xs: np.ndarray, ys: np.ndarray, arch_args: dict | None = None
-) -> Structure:
-    """The architecture `arch` (a name of the sweep configuration's table,
-    `"perceptron"`, `"quadratic"`, `"conv1d"`, `"qk_attention"`, `"ov_attention"`,
-    `"moe"`) sized for inputs `xs` (shape `(n, d)`, or `(n, T, d)` for attention)
-    and targets `ys` (shape `(n, k)`); `arch_args` sets its other constructor
-    arguments (e.g. `{"kernel_size": 5}`; default kernel size: `min(5, d)`).
-
-    **Raises:** `ValueError` for an unknown name, an unknown or size-fixing
-    argument, or data of the wrong shape for the architecture.
-    """
-    try:
-        cls, allowed = structure_class(arch), structure_arguments(arch)
-    except ValueError as e:
-        raise ValueError(str(e).replace("`name`", "`arch`", 1)) from None
-    args = dict(arch_args or {})
-    sizes = {"d", "k", "T", "length"}
-    for name, value in args.items():
-        if name not in allowed or name in sizes:
-            free = sorted(set(allowed) - sizes)
-            raise ValueError(
-                f"`{name}` is not an argument of {arch!r} that can be set (sizes "
-                f"come from the data; allowed: {free})."
-            )
-        kind = allowed[name]
-        if kind is bool and not isinstance(value, bool):
-            raise ValueError(f"`{name}` of {arch!r} must be true or false.")
-        if kind is not bool and not isinstance(value, kind | int):
-            raise ValueError(f"`{name}` of {arch!r} must be a {kind.__name__}.")
-    n, k = xs.shape[0], ys.shape[1]
-    sequence = arch in ("qk_attention", "ov_attention")
-    want = 3 if sequence else 2
-    if xs.ndim != want:
-        shape = "(n, T, d)" if sequence else "(n, d)"
-        raise ValueError(
-            f"{arch!r} needs inputs of shape {shape}, got xs of shape {xs.shape}."
-        )
-    if arch in ("quadratic", "conv1d") and k != 1:
-        raise ValueError(f"{arch!r} has one output; the targets have k = {k} columns.")
-    if arch == "perceptron" or arch == "moe":
-        return cls(d=xs.shape[1], k=k, **args)
-    if arch == "quadratic":
-        return cls(d=xs.shape[1], **args)
-    if arch == "conv1d":
-        args.setdefault("kernel_size", min(5, xs.shape[1]))
-        return cls(length=xs.shape[1], **args)
-    del n
-    return cls(T=xs.shape[1], d=xs.shape[2], k=k, **args)
-
-
-def default_hyperparameters(
-    structure: Structure, xs, ys, init_scale: float, num_switches: int = 3
-) -> tuple[float, int]:
-    r"""`(learning_rate, num_steps)` for a prediction: the rate that makes the
-    fastest linear growth rate $r_1 = 4\eta\lambda_1(C) = 0.01$ per step (small,
-    so that gradient descent follows the flow to about $r/2 = 0.5\%$), and a
-    horizon of $2.5 \ln(1/\sigma^2) / r_j$ steps, with $r_j$ the growth rate of
-    the `num_switches`-th positive eigenvalue of `C` (the last mode of interest
-    then switches on about 40% of the way)."""
-    task = task_from_samples(structure, xs, ys)
-    c = np.sort(np.linalg.eigvalsh(np.asarray(task.C, np.float64)))[::-1]
-    if not c[0] > 0:
-        raise ValueError(
-            "The targets are uncorrelated with the inputs: C has no "
-            "positive eigenvalue, so no mode grows."
-        )
-    learning_rate = 0.01 / (4.0 * c[0])
-    positive = c[c > 1e-6 * c[0]]
-    r_j = 0.01 * positive[min(num_switches, len(positive)) - 1] / c[0]
-    return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
-
-
-def _prediction_figure(prediction, trained, title):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
-    ax = fig.subplots()
-    ts, loss = np.asarray(prediction.ts), np.asarray(prediction.loss)
-    keep = ts > 0
-    ax.loglog(
-        ts[keep], loss[keep], "C0-", lw=2.4, label=f"predicted ({prediction.engine})"
-    )
-    if trained is not None:
-        tt, lt = np.asarray(trained.ts), np.asarray(trained.loss)
-        keep = (tt > 0) & (lt > 0)
-        ax.loglog(tt[keep], lt[keep], "k--", lw=1.4, label="trained network")
-    for i, t in enumerate(np.asarray(prediction.switch_times)):
-        if np.isfinite(t):
-            label = "predicted switch-on" if i == 0 else None
-            ax.axvline(t, color="C1", lw=0.9, ls=":", label=label)
-    ax.set_xlabel("t (gradient steps)")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return fig
-
-
-def predict_file(
-    out_dir: str | os.PathLike,
-    *,
-    data: str | os.PathLike | None = None,
-    dataset: str | None = None,
-    n: int | None = None,
-    arch: str = "perceptron",
-    arch_args: dict | None = None,
-    init_scale: float = 1e-4,
-    learning_rate: float | None = None,
-    width: int = 4,
-    num_steps: int | None = None,
-    engine: str = "auto",
-    train_network: bool = False,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Predict training on a data file (or a bundled data set) and write
-    `prediction.json` and `prediction.png` to `out_dir`; with `train_network`
-    also train the real network (`nqfjax.train`, full-batch GD, same key) and
-    report the agreement per switch-on.
-
-    **Arguments:**
-
-    - `out_dir`: the output directory (created if needed).
-    - `data`: a `.npz` or `.csv` file (`load_data_file`); or
-    - `dataset`: a name of `nqfjax.data.DATASETS` (`load_dataset`, standardised,
-      one-hot targets), at most `n` samples.
-    - `arch`, `arch_args`: the architecture (`structure_for_data`).
-    - `init_scale`, `learning_rate`, `width`, `num_steps`, `engine`: as
-      `predict`; `learning_rate` and `num_steps` default to
-      `default_hyperparameters`.
-    - `train_network`: also train and compare.
-    - `seed`: the PRNG seed of the initial weights.
-    - `progress`: show a progress bar.
-
-    **Returns:** the summary written to `prediction.json`, with `files`.
-
-    **Raises:** `ValueError` (one line naming the problem) for a bad file, data
-    set, architecture or hyperparameter, before any long computation.
-    """
-    from tqdm import tqdm
-
-    if (data is None) == (dataset is None):
-        raise ValueError("Give exactly one of a data file and `dataset`.")
-    if data is not None:
-        xs, ys = load_data_file(data)
-        source = str(data)
-    else:
-        xs, ys = load_dataset(dataset, n=n)
-        source = f"dataset:{dataset}"
-    structure = structure_for_data(arch, xs, ys, arch_args)
-    width = static_int("width", width, 1)
-    if not (np.isfinite(init_scale) and init_scale > 0):
-        raise ValueError(f"`init_scale` must be > 0, got {init_scale}.")
-    lr0, steps0 = default_hyperparameters(structure, xs, ys, init_scale)
-    learning_rate = lr0 if learning_rate is None else learning_rate
-    num_steps = steps0 if num_steps is None else num_steps
-    key = jr.key(seed)
-    bar = tqdm(total=2 + train_network, desc="nqfjax predict", disable=not progress)
-    P = predict(
-        structure,
-        xs,
-        ys,
-        init_scale=init_scale,
-        learning_rate=learning_rate,
-        width=width,
-        key=key,
-        num_steps=num_steps,
-        engine=engine,
-    )
-    bar.update()
-    summary: dict[str, Any] = {
-        "source": source,
-        "samples": int(xs.shape[0]),
-        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
-        "hyperparameters": {
-            "init_scale": init_scale,
-            "learning_rate": learning_rate,
-            "width": width,
-            "num_steps": int(num_steps),
-            "seed": seed,
-        },
-        "engine": P.engine,
-        "reason": P.reason,
-        "violation": P.violation,
-        "growth_rate": P.growth_rate,
-        "switch_times": P.switch_times,
-        "plateaus": P.plateaus,
-        "mode_values": P.mode_values,
-        "curve": {"t": P.ts, "loss": P.loss},
-    }
-    trained = None
-    if train_network:
-        trained = train(
-            structure,
-            xs,
-            ys,
-            num_steps=int(num_steps),
-            learning_rate=learning_rate,
-            key=key,
-            init_scale=init_scale,
-            width=width,
-            record_at=[int(s) for s in np.asarray(P.ts)],
-        )
-        bar.update()
-        a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
-        summary["trained"] = {"t": trained.ts, "loss": trained.loss}
-        summary["agreement"] = {
-            "switch_on": [
-                {"predicted": p, "measured": m, "relative_error": e}
-                for p, m, e in zip(
-                    np.asarray(a.predicted_times).tolist(),
-                    np.asarray(a.measured_times).tolist(),
-                    np.asarray(a.time_errors).tolist(),
-                )
-            ],
-            "log_loss_departure": a.log_loss_departure,
-            "up_to": a.horizon,
-        }
-    title = f"{arch} on {Path(source).name if data is not None else dataset}"
-    fig = _prediction_figure(P, trained, title)
-    files = {"summary": "prediction.json", "figure": "prediction.png"}
-    summary = jsonable({**summary, "versions": versions(), "files": files})
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_figure(out / files["figure"], fig)
-    write_json(out / files["summary"], summary)
-    bar.update()
-    bar.close()
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary

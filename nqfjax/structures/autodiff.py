@@ -107,8 +107,9 @@ def structure_from_layer(
     r"""The structure matrix $A(x) = \tfrac12\mathrm{Hess}_w\phi(0, x)$ of any unit.
 
     The automatic route to the structure matrix: a closed-form `A(x)` is a
-    convenience that must agree with this. For an [`AbstractStructure`][], pass its
-    `unit` (the layer with only that unit switched on, minus the layer at zero):
+    convenience that must agree with this. For an
+    [`AbstractStructure`][nqfjax.AbstractStructure], pass its `unit` (the layer
+    with only that unit switched on, minus the layer at zero):
     `structure_from_layer(s.unit, s.p)(x)` equals `s.A(x)`.
 
     Example:
