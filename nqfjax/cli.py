@@ -94,6 +94,8 @@ the plateaus, the power law and its window, and the spectrum model)."""
 
 
 def _parser() -> argparse.ArgumentParser:
+    # One declaration per option, read top to bottom like the `--help` it makes;
+    # kept whole so that the whole command line is in one place.
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="nqfjax", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
