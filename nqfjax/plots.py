@@ -1,5 +1,5 @@
-"""Figures: loss curves with switch-on times, the staircase, init-scale sweeps,
-power laws and structure matrices.
+r"""Figures: loss curves with switch-on times and the staircase, init-scale sweeps,
+power laws, structure matrices, sweeps and a user's loss curve.
 
 Each function takes plain arrays, draws one figure, writes it to `path` (PNG,
 atomically) when given, and returns the `matplotlib.figure.Figure`. They never call
@@ -8,6 +8,13 @@ a solver themselves.
 Figures are built with matplotlib's object API (`matplotlib.figure.Figure`), never
 through pyplot: nothing here opens, registers or closes a pyplot figure, so the
 figures of a notebook or script that calls into nqfjax are left alone.
+
+What a reader relies on is kept checkable: every axis is labelled, every legend
+entry is distinct, and a line drawn as a guide to the data carries the `gid`
+`"guide:NAME"` when it passes through the data line of `gid` `"data:NAME"`, or
+`"offset:NAME:FACTOR"` when it is drawn `FACTOR` times above it at the middle of
+its range (its label then says so). Where agreement is the point, a panel below
+shows the ratio or the residual.
 """
 
 from collections.abc import Mapping, Sequence
@@ -15,16 +22,38 @@ from collections.abc import Mapping, Sequence
 import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .io import write_figure
 
 
 _COLOURS = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+_STYLES = ["-", "--", ":", "-."]
 
 
 def _save(fig, path) -> None:
     if path is not None:
         write_figure(path, fig)
+
+
+def _colour(i: int) -> str:
+    return _COLOURS[i % len(_COLOURS)]
+
+
+def _positive(t, y):
+    """`(t, y)` where both are positive and finite (what a log-log plot shows)."""
+    t, y = np.asarray(t, float), np.asarray(y, float)
+    keep = np.isfinite(t) & np.isfinite(y) & (t > 0) & (y > 0)
+    return t[keep], y[keep]
+
+
+def _log_interp(x, xp, yp):
+    """`yp(x)` interpolated linearly in log-log (`xp` increasing, all positive)."""
+    return np.exp(np.interp(np.log(x), np.log(xp), np.log(yp)))
+
+
+# --------------------------------------------------------------------------------
+# the demo's figures
 
 
 def plot_loss_curves(
@@ -33,63 +62,94 @@ def plot_loss_curves(
     switch_times: Sequence[float] = (),
     rescaled: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     staircase: tuple[np.ndarray, np.ndarray] | None = None,
+    reference: str | None = None,
+    rescaled_title: str = r"Approach to the staircase as $\varepsilon \to 0$",
     floor: float = 1e-5,
     path=None,
     title: str = "Loss curves",
 ):
-    """Loss curves of several engines on one log-log plot and, optionally, curves
-    in rescaled time beside the singular-limit staircase.
+    r"""Loss curves of several engines on one log-log plot, their ratio to a
+    reference engine below it and, optionally, curves in rescaled time beside the
+    singular-limit staircase.
 
     **Arguments:**
 
-    - `curves`: label -> `(t, loss)`, e.g. W-space, M-space and LV.
+    - `curves`: label -> `(t, loss)` on one grid of times, e.g. W-space, M-space
+      and Lotka-Volterra.
     - `switch_times`: predicted switch-on times, drawn as vertical lines.
     - `rescaled`: label -> `(tau, loss)` with `tau = t / ln(1/eps)`, e.g. LV
-      curves at shrinking `eps`, drawn on a second panel.
-    - `staircase`: `(tau, loss)` of the singular limit, drawn on that panel.
+      curves at shrinking `eps`, drawn on a second panel; say in the labels how
+      `eps` relates to the init scale.
+    - `staircase`: `(tau, loss)` of the singular limit, drawn on that panel,
+      whose axis ends shortly after the staircase's last step.
+    - `reference`: the label of `curves` the others are divided by in the ratio
+      panel (default: the last one).
+    - `rescaled_title`: the second panel's title.
     - `floor`: the loss axes start at `floor` times the largest loss.
     """
-    ncols = 2 if (rescaled or staircase is not None) else 1
-    fig = Figure(figsize=(6.2 * ncols, 4.4), layout="constrained")
-    axes = fig.subplots(1, ncols, squeeze=False)
-    ax = axes[0, 0]
-    styles = ["-", "--", ":", "-."]
+    second = bool(rescaled) or staircase is not None
+    fig = Figure(figsize=(12.4 if second else 6.4, 6.4), layout="constrained")
+    grid = fig.add_gridspec(2, 2 if second else 1, height_ratios=(3, 1.3))
+    ax = fig.add_subplot(grid[0, 0])
+    ratio = fig.add_subplot(grid[1, 0], sharex=ax)
     top = max(float(np.nanmax(loss)) for _, loss in curves.values())
+    reference = list(curves)[-1] if reference is None else reference
+    t_ref, L_ref = (np.asarray(a, float) for a in curves[reference])
     for i, (label, (t, loss)) in enumerate(curves.items()):
-        t, loss = np.asarray(t), np.asarray(loss)
-        keep = (t > 0) & (loss > 0)
-        ax.loglog(t[keep], loss[keep], styles[i % 4], lw=2.4 - 0.5 * i, label=label)
-    for j, ts in enumerate(switch_times):
-        if np.isfinite(ts):
-            label = "predicted switch-on" if j == 0 else None
-            ax.axvline(ts, color="grey", lw=0.8, ls=":", label=label)
+        tt, ll = _positive(t, loss)
+        kw = dict(color=_colour(i), ls=_STYLES[i % 4], lw=max(2.4 - 0.5 * i, 1.0))
+        ax.loglog(tt, ll, label=label, gid=f"data:{label}", **kw)
+        if label != reference:
+            # only where the reference is on the plot: below it, the real
+            # network's round-off floor against a loss that keeps falling says
+            # nothing about agreement
+            keep = (np.asarray(t) > 0) & (L_ref >= floor * top)
+            ratio.semilogx(
+                np.asarray(t)[keep],
+                np.asarray(loss)[keep] / L_ref[keep],
+                label=f"{label} / {reference}",
+                **kw,
+            )
+    ratio.axhline(1.0, color="k", lw=0.8)
+    for j, ts in enumerate(t for t in switch_times if np.isfinite(t)):
+        label = "predicted switch-on" if j == 0 else None
+        ax.axvline(ts, color="grey", lw=0.8, ls=":", label=label)
+        ratio.axvline(ts, color="grey", lw=0.8, ls=":")
     ax.set_ylim(floor * top, 2 * top)
-    ax.set_xlabel("t (gradient steps)")
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    if ncols == 2:
-        ax2 = axes[0, 1]
-        for i, (label, (tau, loss)) in enumerate((rescaled or {}).items()):
-            ax2.semilogy(
-                tau,
-                loss,
-                lw=1.6,
-                alpha=0.5 + 0.5 * i / max(len(rescaled) - 1, 1),
-                label=label,
-            )
-        if staircase is not None:
-            tau, level = staircase
-            ax2.step(
-                tau, level, where="post", color="k", lw=1.4, label="singular limit"
-            )
-        ax2.set_ylim(floor * top, 2 * top)
-        ax2.set_xlabel(r"rescaled time $\tau = t / \ln(1/\varepsilon)$")
-        ax2.set_ylabel("loss")
-        ax2.set_title("Approach to the staircase as the init scale shrinks")
-        ax2.legend(fontsize=8)
+    ax.tick_params(labelbottom=False)
+    ratio.set_xlabel("t (gradient steps)")
+    ratio.set_ylabel("loss ratio")
+    ratio.legend(fontsize=7)
+    if second:
+        _staircase_panel(fig.add_subplot(grid[:, 1]), rescaled, staircase, top, floor)
+        fig.axes[-1].set_title(rescaled_title)
     _save(fig, path)
     return fig
+
+
+def _staircase_panel(ax, rescaled, staircase, top, floor):
+    """LV curves in rescaled time and the staircase; the axis ends 15% after the
+    staircase's last step (or at the curves' end without one)."""
+    rescaled = rescaled or {}
+    for i, (label, (tau, loss)) in enumerate(rescaled.items()):
+        shade = 0.35 + 0.65 * i / max(len(rescaled) - 1, 1)
+        ax.semilogy(tau, loss, lw=1.6, color=_colour(0), alpha=shade, label=label)
+    end = None
+    if staircase is not None:
+        tau, level = (np.asarray(a, float) for a in staircase)
+        ax.step(tau, level, where="post", color="k", lw=1.4, label="singular limit")
+        steps = tau[1:][np.abs(np.diff(level)) > 1e-9 * np.max(np.abs(level))]
+        if steps.size:
+            end = 1.15 * steps[-1]
+    if end is not None:
+        ax.set_xlim(0, end)
+    ax.set_ylim(floor * top, 2 * top)
+    ax.set_xlabel(r"rescaled time $\tau = t / \ln(1/\varepsilon)$")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
 
 
 def plot_init_scale(
@@ -97,39 +157,88 @@ def plot_init_scale(
     times: np.ndarray,
     predicted_slopes: np.ndarray,
     *,
+    predicted_times: np.ndarray | None = None,
     fitted_slopes: np.ndarray | None = None,
     path=None,
 ):
-    """Measured switch-on times against `ln(1/sigma)`, one colour per mode, with
-    lines of the predicted slopes `2/r_k` through the measured means.
+    r"""Measured switch-on times against `ln(1/sigma)`, one colour per mode, with
+    the theory's times and the ratio of the two below.
+
+    With `predicted_times` the lines are the theory's switch-on times at each
+    init scale (nothing fitted); without them, lines of the predicted slopes
+    `2/r_k` through the measured means (said in the legend), and no ratio panel.
 
     **Arguments:**
 
     - `log_inv_sigma`: shape `(S,)`.
     - `times`: measured switch-on times, shape `(S, K)`.
-    - `predicted_slopes`: shape `(K,)`.
-    - `fitted_slopes`: optional, shape `(K,)`, shown in the legend.
+    - `predicted_slopes`: `2/r_k`, shape `(K,)`.
+    - `predicted_times`: the theory's switch-on times, shape `(S, K)`.
+    - `fitted_slopes`: the measured slopes, shape `(K,)`, shown in the legend.
     """
-    x = np.asarray(log_inv_sigma)
-    times = np.asarray(times)
-    fig = Figure(figsize=(6.2, 4.4), layout="constrained")
-    ax = fig.subplots()
+    x = np.asarray(log_inv_sigma, float)
+    times = np.asarray(times, float)
+    fig = Figure(figsize=(6.4, 6.0 if predicted_times is not None else 4.4))
+    fig.set_layout_engine("constrained")
+    if predicted_times is None:
+        ax, ratio = fig.subplots(), None
+    else:
+        ax, ratio = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.3))
+    order = np.argsort(x)
     for k in range(times.shape[1]):
-        c = _COLOURS[k % len(_COLOURS)]
-        label = f"mode {k}: predicted slope {predicted_slopes[k]:.3g}"
+        c = _colour(k)
+        label = f"mode {k}: measured"
         if fitted_slopes is not None:
-            label += f", measured {fitted_slopes[k]:.3g}"
-        ax.plot(x, times[:, k], "o", color=c, label=label)
+            label += f" (slope {fitted_slopes[k]:.3g})"
+        ax.plot(x, times[:, k], "o", color=c, label=label, gid=f"data:mode {k}")
+        if predicted_times is not None:
+            ax.plot(
+                x[order],
+                np.asarray(predicted_times)[order, k],
+                "-",
+                color=c,
+                lw=1,
+                label=f"mode {k}: theory (slope 2/r = {predicted_slopes[k]:.3g})",
+            )
+            ratio.plot(
+                x, times[:, k] / np.asarray(predicted_times)[:, k], "o-", color=c
+            )
+            continue
         ok = np.isfinite(times[:, k])
         if ok.any():
             x0, y0 = x[ok].mean(), times[ok, k].mean()
-            ax.plot(x, y0 + predicted_slopes[k] * (x - x0), "-", color=c, lw=1)
-    ax.set_xlabel(r"$\ln(1/\sigma)$")
+            ax.plot(
+                x[order],
+                y0 + predicted_slopes[k] * (x[order] - x0),
+                "-",
+                color=c,
+                lw=1,
+                label=f"mode {k}: slope 2/r = {predicted_slopes[k]:.3g} "
+                "through the measured mean",
+            )
     ax.set_ylabel("switch-on time (steps)")
     ax.set_title(r"Switch-on times grow like $(2/r_k)\,\ln(1/\sigma)$")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    bottom = ax
+    if ratio is not None:
+        ratio.axhline(1.0, color="k", lw=0.8)
+        ratio.set_ylabel("measured / theory")
+        ax.tick_params(labelbottom=False)
+        bottom = ratio
+    bottom.set_xlabel(r"$\ln(1/\sigma)$ ($\sigma$: init scale)")
     _save(fig, path)
     return fig
+
+
+def _local_exponent(t, loss, factor: float = 2.0):
+    """`-d ln L / d ln t` of a positive curve, as the log-log slope between
+    `t / sqrt(factor)` and `t * sqrt(factor)`: a staircase of many small steps
+    reads as the power law it follows, not as a spike at each step."""
+    tp, lp = _positive(t, loss)
+    half = np.sqrt(factor)
+    t = tp[(tp / half >= tp[0]) & (tp * half <= tp[-1])]
+    rise = np.log(_log_interp(t * half, tp, lp) / _log_interp(t / half, tp, lp))
+    return t, -rise / np.log(factor)
 
 
 def plot_power_law(
@@ -140,70 +249,164 @@ def plot_power_law(
     gamma_fit: float,
     gamma_rich: float,
     gamma_lazy: float,
+    fit: tuple[np.ndarray, np.ndarray] | None = None,
     sharp: tuple[np.ndarray, np.ndarray] | None = None,
+    offset: float = 3.0,
     path=None,
 ):
-    """A loss curve with many modes, the fitting window, and guide lines of slope
-    `-gamma_fit`, `-gamma_rich` and `-gamma_lazy` through the window's middle."""
-    t, loss = np.asarray(t), np.asarray(loss)
-    fig = Figure(figsize=(6.2, 4.4), layout="constrained")
-    ax = fig.subplots()
-    keep = (t > 0) & (loss > 0)
-    ax.loglog(t[keep], loss[keep], lw=2.4, label="Lotka-Volterra simulation")
+    r"""A loss curve with many modes, the fitting window and the exponents, with
+    the local exponent $-d\ln L / d\ln t$ below.
+
+    The fitted curve (`fit`) is drawn through the data; the theory's slopes
+    `-gamma_rich` and `-gamma_lazy` are guides drawn `offset` times above the data
+    at the window's middle (said in their labels), so that they do not hide the
+    data. The lower panel shows the local exponent of the data (and of the
+    sharp-switch sum) against the three exponents as horizontal lines: where the
+    curves are flat inside the window, the fit is a power law.
+
+    **Arguments:**
+
+    - `t`, `loss`: the curve, shape `(R,)`.
+    - `window`: `(t_lo, t_hi)` of the fit.
+    - `gamma_fit`, `gamma_rich`, `gamma_lazy`: the fitted and predicted exponents.
+    - `fit`: `(t, fitted loss)` of the fitted curve, drawn through the data.
+    - `sharp`: `(t, loss)` of the sharp-switch sum.
+    - `offset`: how far above the data the theory slopes are drawn (> 1).
+    """
+    tt, ll = _positive(t, loss)
+    fig = Figure(figsize=(6.6, 6.4), layout="constrained")
+    ax, slope = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.6))
+    ax.loglog(tt, ll, lw=2.4, color=_colour(0), label="Lotka-Volterra simulation")
+    ax.lines[-1].set_gid("data:simulation")
     if sharp is not None:
-        ax.loglog(*sharp, "--", lw=1.2, label="sharp-switch sum")
+        ax.loglog(*_positive(*sharp), "--", color=_colour(1), lw=1.2)
+        ax.lines[-1].set_label("refined sharp-switch sum")
     lo, hi = window
-    ax.axvspan(lo, hi, color="grey", alpha=0.12, label="fitting window")
+    for a in (ax, slope):
+        a.axvspan(lo, hi, color="grey", alpha=0.12)
+    ax.patches[-1].set_label("fitting window")
+    if fit is not None:
+        ft, fl = _positive(*fit)
+        ax.loglog(
+            ft,
+            fl,
+            "k-",
+            lw=1.2,
+            label=rf"fit: $\gamma$ = {gamma_fit:.3f}",
+            gid="guide:simulation",
+        )
     tm = np.sqrt(lo * hi)
-    lm = np.interp(np.log(tm), np.log(t[keep]), loss[keep])
-    tt = np.geomspace(lo, hi, 20)
-    for g, style, name in [
-        (gamma_fit, "k-", "fitted"),
-        (gamma_rich, "r:", "rich theory"),
-        (gamma_lazy, "g-.", "lazy theory"),
+    lm = _log_interp(tm, tt, ll)
+    guide_t = np.geomspace(lo, hi, 20)
+    for g, style, colour, name in [
+        (gamma_rich, "-.", "C3", "rich theory"),
+        (gamma_lazy, ":", "C2", "lazy theory"),
     ]:
         ax.loglog(
-            tt,
-            lm * 1.6 * (tt / tm) ** (-g),
+            guide_t,
+            offset * lm * (guide_t / tm) ** (-g),
             style,
-            lw=1.2,
-            label=rf"{name}: $\gamma$ = {g:.3f}",
+            color=colour,
+            lw=1.6,
+            label=rf"{name}: $\gamma$ = {g:.3f} (slope; offset $\times${offset:g})",
+            gid=f"offset:simulation:{offset:g}",
         )
-    ax.set_xlabel("t (gradient steps)")
     ax.set_ylabel("loss")
     ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    ax.tick_params(labelbottom=False)
+    slope.semilogx(*_local_exponent(tt, ll), color=_colour(0), lw=2, label="simulation")
+    if sharp is not None:
+        slope.semilogx(
+            *_local_exponent(*sharp),
+            "--",
+            color=_colour(1),
+            lw=1.2,
+            label="sharp-switch sum",
+        )
+    for g, style, colour, name in [
+        (gamma_fit, "-", "k", "fit"),
+        (gamma_rich, "-.", "C3", "rich"),
+        (gamma_lazy, ":", "C2", "lazy"),
+    ]:
+        slope.axhline(g, ls=style, color=colour, lw=1, label=rf"$\gamma$ {name}")
+    gs = [gamma_fit, gamma_rich, gamma_lazy]
+    te, ge = _local_exponent(tt, ll)
+    gs += list(ge[(te >= lo) & (te <= hi)])
+    pad = 0.15 * (max(gs) - min(gs) + 0.1)
+    slope.set_ylim(min(gs) - pad, max(gs) + pad)
+    slope.set_xlabel("t (gradient steps)")
+    slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
+    slope.legend(fontsize=7, ncols=3, loc="upper right")
     _save(fig, path)
     return fig
 
 
-def plot_structures(matrices: Mapping[str, np.ndarray], *, path=None):
-    """Heatmaps of one structure matrix `A_0(x)` (shape `(p, p)`) per architecture,
-    on a symmetric colour scale."""
+def plot_structures(
+    matrices: Mapping[str, np.ndarray],
+    *,
+    blocks: Mapping[str, Sequence[tuple[str, int]]] | None = None,
+    path=None,
+):
+    r"""Heatmaps of one structure matrix `A_0(x)` (shape `(p, p)`) per
+    architecture, each divided by its largest absolute entry (stated in its
+    title) so that one colour scale, from -1 to 1, serves them all.
+
+    **Arguments:**
+
+    - `matrices`: name -> `A_0(x)`, shape `(p, p)`.
+    - `blocks`: name -> the blocks of a unit's parameters in order, as
+      `(label, size)` pairs summing to `p` (e.g. `[("a", k), ("u", d)]` for a
+      perceptron): drawn as lines between blocks and named on the axes. Without
+      them, every parameter index is a tick.
+    """
     names = list(matrices)
     ncols = min(3, len(names))
     nrows = -(-len(names) // ncols)
-    fig = Figure(figsize=(3.6 * ncols, 3.4 * nrows), layout="constrained")
+    fig = Figure(figsize=(3.9 * ncols + 0.8, 3.6 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat[len(names) :]:
         ax.axis("off")
+    image = None
     for ax, name in zip(axes.flat, names):
-        A = np.asarray(matrices[name])
-        v = np.max(np.abs(A)) or 1.0
-        im = ax.imshow(A, cmap="RdBu_r", vmin=-v, vmax=v)
-        ax.set_title(f"{name} (p = {A.shape[0]})", fontsize=9)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle(r"Structure matrices $A(x)$ for one input")
+        A = np.asarray(matrices[name], float)
+        scale = float(np.max(np.abs(A))) or 1.0
+        image = ax.imshow(A / scale, cmap="RdBu_r", vmin=-1, vmax=1)
+        ax.set_title(f"{name}\np = {A.shape[0]}, max |A| = {scale:.3g}", fontsize=8)
+        parts = (blocks or {}).get(name) or [(str(i), 1) for i in range(A.shape[0])]
+        edges = np.cumsum([0] + [size for _, size in parts])
+        if edges[-1] != A.shape[0]:
+            raise ValueError(
+                f"`blocks[{name!r}]` sizes sum to {edges[-1]}, not p = {A.shape[0]}."
+            )
+        centres = 0.5 * (edges[:-1] + edges[1:]) - 0.5
+        labels = [label for label, _ in parts]
+        ax.set_xticks(centres, labels, fontsize=7, rotation=30 if blocks else 0)
+        ax.set_yticks(centres, labels, fontsize=7)
+        for e in edges[1:-1]:
+            ax.axhline(e - 0.5, color="k", lw=0.6)
+            ax.axvline(e - 0.5, color="k", lw=0.6)
+        ax.set_xlabel("parameter block of a unit", fontsize=7)
+        ax.set_ylabel("parameter block of a unit", fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label=r"$A_0(x)\,/\,\max|A_0(x)|$")
+    fig.suptitle(r"Structure matrices $A(x)$ for one input (first output)")
     _save(fig, path)
     return fig
 
 
+# --------------------------------------------------------------------------------
+# sweeps and a user's curve
+
+
 def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]):
-    """The loss curves of a sweep (`nqfjax sweep`), one log-log panel per
-    `(optimizer, architecture)` group: colour by init scale, line style by learning
-    rate.
+    """The loss curves of a sweep (`nqfjax sweep`), one panel per
+    `(optimizer, architecture)` group: colour by init scale, line style by
+    learning rate, marker by seed; a cross marks where a run diverged (its last
+    finite point).
+
+    The step axis is logarithmic above step 1 and linear below it (`symlog`), so
+    step 0 sits at 0, where it is.
 
     **Arguments:**
 
@@ -213,42 +416,80 @@ def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]
     - `grid`: the grid axes, with keys `optimizer`, `architecture`, `init_scale`,
       `learning_rate` and `seed` (lists as long as the axes of `loss`).
     """
+    steps = np.asarray(steps, float)
+    loss = np.asarray(loss, float)
     n_o, n_a = loss.shape[:2]
-    fig = Figure(figsize=(4.2 * n_a, 3.4 * n_o), layout="constrained")
+    fig = Figure(figsize=(4.6 * n_a + 1.6, 3.6 * n_o), layout="constrained")
     axes = fig.subplots(n_o, n_a, squeeze=False)
-    colours = [f"C{i % 10}" for i in range(len(grid["init_scale"]))]
-    styles = ["-", "--", ":", "-."]
-    t = np.maximum(steps, 0.5)  # step 0 drawn at 0.5 on the log axis
+    markers = ["o", "s", "^", "v", "D", "P", "X", "*"]
+    every = max(1, steps.size // 8)
+    diverged = False
     for o, a in np.ndindex(n_o, n_a):
         ax = axes[o, a]
         for s, lr, seed in np.ndindex(loss.shape[2:5]):
             curve = loss[o, a, s, lr, seed]
-            label = None
-            if seed == 0:
-                label = (
-                    f"σ={grid['init_scale'][s]:.3g}, η={grid['learning_rate'][lr]:.3g}"
-                )
-            ax.loglog(
-                t,
+            ax.plot(
+                steps,
                 curve,
-                styles[lr % 4],
-                color=colours[s],
-                lw=1.2,
-                alpha=0.8,
-                label=label,
+                _STYLES[lr % 4],
+                color=_colour(s),
+                marker=markers[seed % len(markers)],
+                markevery=(seed % every, every),
+                ms=3.5,
+                lw=1.1,
+                alpha=0.85,
             )
+            finite = np.flatnonzero(np.isfinite(curve))
+            if finite.size < curve.size:
+                diverged = True
+                last = finite[-1] if finite.size else 0
+                ax.plot(
+                    steps[last],
+                    curve[last] if finite.size else np.nanmax(loss),
+                    "x",
+                    color="red",
+                    ms=9,
+                    mew=2,
+                )
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_yscale("log")
+        ax.set_xlim(0, steps.max() * 1.05)
         ax.set_title(f"{grid['optimizer'][o]}, {grid['architecture'][a]}", fontsize=10)
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (symlog: step 0 at 0)")
         ax.set_ylabel("loss")
-        ax.legend(fontsize=7)
+    handles = [
+        Line2D([], [], color=_colour(i), label=f"σ = {v:.3g}")
+        for i, v in enumerate(grid["init_scale"])
+    ]
+    handles += [
+        Line2D([], [], color="k", ls=_STYLES[i % 4], label=f"η = {v:.3g}")
+        for i, v in enumerate(grid["learning_rate"])
+    ]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="k",
+            ls="",
+            marker=markers[i % len(markers)],
+            label=f"seed {v}",
+        )
+        for i, v in enumerate(grid["seed"])
+    ]
+    if diverged:
+        handles.append(
+            Line2D([], [], color="red", ls="", marker="x", mew=2, label="diverged")
+        )
+    fig.legend(handles=handles, loc="outside right upper", fontsize=7)
     return fig
 
 
 def plot_curve_analysis(
     ts: np.ndarray, loss: np.ndarray, curves: Mapping, summary: Mapping
 ):
-    """A user's loss curve (`nqfjax fit`) on log-log axes with what
-    `analyse_curve` found in it.
+    r"""A user's loss curve (`nqfjax fit`) on log-log axes with what
+    `analyse_curve` found in it, and the residuals of the fitted models below,
+    $\ln(\text{data}/\text{model})$.
 
     **Arguments:**
 
@@ -261,32 +502,21 @@ def plot_curve_analysis(
       numbers (`summary["power_law"]["window"]`, `["gamma"]`;
       `summary["spectrum"]["alpha"]`, `["beta"]`).
     """
-    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
-    ax = fig.subplots()
+    ts, loss = np.asarray(ts, float), np.asarray(loss, float)
+    fig = Figure(figsize=(6.6, 6.2), layout="constrained")
+    ax, resid = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.4))
     pos = (ts > 0) & (loss > 0)
-    ax.loglog(ts[pos], loss[pos], "k-", lw=2.2, alpha=0.7, label="data")
+    ax.loglog(
+        ts[pos], loss[pos], "k-", lw=2.2, alpha=0.7, label="data", gid="data:data"
+    )
     if "plateaus" in curves:
-        pl = curves["plateaus"]
-        for i, (s, e, lvl) in enumerate(
-            zip(np.asarray(pl.start), np.asarray(pl.end), np.asarray(pl.level))
-        ):
-            ax.hlines(
-                lvl,
-                s,
-                e,
-                colors="C1",
-                lw=3,
-                alpha=0.8,
-                label="plateaus" if i == 0 else None,
-            )
-        for i, td in enumerate(np.asarray(pl.drop_times)):
-            ax.axvline(
-                td, color="C1", lw=0.8, ls=":", label="drops" if i == 0 else None
-            )
+        _plateaus(ax, curves["plateaus"])
     if "power_law_curve" in curves:
         lo, hi = summary["power_law"]["window"]
-        ax.axvspan(lo, hi, color="C0", alpha=0.1, label="power-law window")
-        tt, fitted = curves["power_law_curve"]
+        for a in (ax, resid):
+            a.axvspan(lo, hi, color="C0", alpha=0.1)
+        ax.patches[-1].set_label("power-law window")
+        tt, fitted = _positive(*curves["power_law_curve"])
         g = summary["power_law"]["gamma"]
         ax.loglog(
             tt,
@@ -294,10 +524,18 @@ def plot_curve_analysis(
             "C0--",
             lw=1.5,
             label=rf"power law, $\gamma$ = {g:.3f}",
+            gid="guide:data",
+        )
+        inside = pos & (ts >= tt[0]) & (ts <= tt[-1])
+        resid.semilogx(
+            ts[inside],
+            np.log(loss[inside] / _log_interp(ts[inside], tt, fitted)),
+            "C0-",
+            label="data / power law",
         )
     if "spectrum_curve" in curves:
         s = summary["spectrum"]
-        model = curves["spectrum_curve"]
+        model = np.asarray(curves["spectrum_curve"], float)
         keep = pos & (model > 0)
         ax.loglog(
             ts[keep],
@@ -305,12 +543,38 @@ def plot_curve_analysis(
             "C2:",
             lw=1.5,
             label=rf"spectrum: $\alpha$ = {s['alpha']:.2f}, $\beta$ = {s['beta']:.2f}",
+            gid="guide:data",
         )
-    ax.set_xlabel("t (steps)")
+        resid.semilogx(
+            ts[keep], np.log(loss[keep] / model[keep]), "C2:", label="data / spectrum"
+        )
+    resid.axhline(0.0, color="k", lw=0.8)
     ax.set_ylabel("loss")
     ax.set_title("Loss curve analysis")
     ax.legend(fontsize=8)
+    ax.tick_params(labelbottom=False)
+    resid.set_xlabel("t (steps)")
+    resid.set_ylabel("ln(data / model)")
+    if resid.lines[:-1]:
+        resid.legend(fontsize=7)
     return fig
+
+
+def _plateaus(ax, pl):
+    for i, (s, e, lvl) in enumerate(
+        zip(np.asarray(pl.start), np.asarray(pl.end), np.asarray(pl.level))
+    ):
+        ax.hlines(
+            lvl,
+            s,
+            e,
+            colors="C1",
+            lw=3,
+            alpha=0.8,
+            label="plateaus" if i == 0 else None,
+        )
+    for i, td in enumerate(np.asarray(pl.drop_times)):
+        ax.axvline(td, color="C1", lw=0.8, ls=":", label="drops" if i == 0 else None)
 
 
 def plot_prediction(prediction, trained=None, title: str = ""):
