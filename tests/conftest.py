@@ -9,8 +9,9 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 
-# float64 is what the precision tests need; float32 paths are exercised explicitly
-# by casting inputs (`jnp.float32`) in the tests that check them.
+# float64 is what the precision tests need. The float32 path a user gets by
+# default (no `jax_enable_x64`) is tested end to end in `test_float32.py`, inside
+# `jax.enable_x64(False)`; other tests check float32 by casting their inputs.
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -1,5 +1,6 @@
 """Shared test helpers."""
 
+import contextlib
 import functools
 
 import equinox as eqx
@@ -13,6 +14,25 @@ def values(solution):
     """The values of an engine's output: `solve_lv`/`solve_mflow` return a
     `Solution` module with `.ys` (or, before that change, the array itself)."""
     return getattr(solution, "ys", solution)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Collect the XLA compilations that happen inside the block (one entry per
+    backend compile, from `jax.monitoring`), e.g. to assert that a second call
+    with new values of the same shapes compiles nothing. Build the call's inputs
+    before the block: an eager op on new shapes compiles too."""
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kwargs.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiles
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def random_input(structure: nqfjax.Structure, key, dtype=jnp.float64):
