@@ -106,7 +106,7 @@ def make_loss(B_diag, B_factor, eps, T, *, dense=False):
             )
         m0 = jnp.exp(2 * log_sigma) * eps
         ts = jnp.full((1,), T, theta.dtype)
-        m = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=atol, adjoint=adjoint)[-1]
+        m = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=atol, adjoint=adjoint).ys[-1]
         return 0.5 * m @ (B @ m) - r @ m
 
     return F
