@@ -144,11 +144,10 @@ def main(argv=None) -> dict:
         return result.loss
 
     def m_flow(task, M0, ts):
-        M = nqfjax.solve_mflow(task, M0, ts, eta, solver=diffrax.Tsit5())
-        return jax.vmap(task.loss)(M)
+        return nqfjax.solve_mflow(task, M0, ts, eta, solver=diffrax.Tsit5()).loss
 
     def lv_flow(lv, m0, ts):
-        return lv.loss(nqfjax.solve_lv(lv, m0, ts))
+        return nqfjax.solve_lv(lv, m0, ts).loss
 
     engines = {
         "W-space": (w_space, (xs, ys, W0)),
