@@ -60,7 +60,7 @@ from _common import (  # noqa: E402
 )
 
 import nqfjax  # noqa: E402
-from nqfjax.engines.train import log_spaced_steps  # noqa: E402
+from nqfjax import log_spaced_steps  # noqa: E402
 
 
 TARGET_RATIO = 1000.0  # issue 7: LV >= 1000x faster than W-space ...

@@ -80,7 +80,7 @@ from _common import (  # noqa: E402
 )
 
 import nqfjax  # noqa: E402
-from nqfjax.engines.train import log_spaced_steps  # noqa: E402
+from nqfjax import log_spaced_steps  # noqa: E402
 
 
 TARGET_RATIO = 2.5  # issue 7: nqfjax >= 2.5x faster than PyTorch

@@ -36,7 +36,11 @@ from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,
 )
-from .engines.train import TrainResult as TrainResult, train as train
+from .engines.train import (
+    TrainResult as TrainResult,
+    log_spaced_steps as log_spaced_steps,
+    train as train,
+)
 from .experiments.compare import (
     MethodReport as MethodReport,
     compare_methods as compare_methods,
