@@ -1,5 +1,5 @@
 """The jit-sensitive public functions give the same numbers with and without
-`jax.jit` (chex variants), checked against an independent reference in float64,
+`jax.jit` (chex variants), each checked against a float64 reference,
 and reject one bad input each with the argument's name: a `ValueError` eagerly,
 the same text as a runtime error (`eqx.error_if`) under `jit` and `vmap`.
 
