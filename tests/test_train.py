@@ -162,14 +162,14 @@ def test_layer_offset_is_an_offset_of_the_target(getkey):
         input_shape = property(lambda self: self.base.input_shape)
         additive = property(lambda self: True)
 
-        def _A(self, x):
-            return self.base._A(x)
+        def A(self, x):
+            return self.base.A(x)
 
-        def _unit(self, w, x):
-            return self.base._unit(w, x)
+        def unit(self, w, x):
+            return self.base.unit(w, x)
 
-        def _layer(self, W, x):
-            return self.base._layer(W, x) + 3.0 + jnp.sum(x)
+        def layer(self, W, x):
+            return self.base.layer(W, x) + 3.0 + jnp.sum(x)
 
     base = nqfjax.QuadraticNet(d=3)
     xs, ys = _data(base, getkey(), 16)

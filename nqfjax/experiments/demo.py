@@ -418,9 +418,8 @@ def _architectures():
 @eqx.filter_jit
 def _first_A(structure, x):
     # one compiled call per architecture, cheaper than dispatching its ops eagerly;
-    # the unchecked hook (`x` is a finite draw), which keeps the call free of
-    # runtime checks and so cacheable by JAX's persistent compilation cache
-    return structure._A(x)[0]
+    # `A` checks only static shapes, so the call stays free of runtime checks
+    return structure.A(x)[0]
 
 
 def _structure_matrices(seed: int):
