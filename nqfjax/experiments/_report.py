@@ -100,7 +100,8 @@ CAPTIONS = {
         "shrinking epsilon beside the singular-limit staircase.",
         "the three curves lie on top of each other (ratios within a few percent "
         "of 1, away from the drops where a small shift in time is a large "
-        "change in loss); each drop starts at its grey line; on the right, the "
+        "change in loss); each drop is centred on its grey line (the predicted "
+        "switch-on time, when the mode is half learned); on the right, the "
         "smaller epsilon, the closer the curve is to the staircase.",
     ),
     "init_scale.png": (
