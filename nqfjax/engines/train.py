@@ -1,5 +1,6 @@
 """W-space training: the real layer or its quadratic form, with any optax optimizer."""
 
+import functools
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -284,16 +285,21 @@ def _check_key(key, name: str = "key"):
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
         if jnp.shape(key) == ():
             return key
-    elif dtype == jnp.uint32 and jnp.shape(key) == _RAW_KEY_SHAPE:
+    elif dtype == jnp.uint32 and jnp.shape(key) == _raw_key_shape():
         return key
+    seed = isinstance(key, int | float | np.integer | np.floating)
     raise ValueError(
         f"`{name}` must be one PRNG key, `jax.random.key(seed)` (or a legacy "
         f"`jax.random.PRNGKey(seed)`), got {key!r}"
-        + ("; pass jax.random.key(seed), not the seed." if dtype is None else ".")
+        + ("; pass jax.random.key(seed), not the seed." if seed else ".")
     )
 
 
-_RAW_KEY_SHAPE = tuple(jr.key_data(jr.key(0)).shape)
+@functools.cache
+def _raw_key_shape() -> tuple[int, ...]:
+    """The shape of a legacy key of the default PRNG implementation (abstractly
+    evaluated: nothing runs, and nothing at import time)."""
+    return tuple(jax.eval_shape(lambda: jr.key_data(jr.key(0))).shape)
 
 
 def _check_data(structure, xs, ys, W0):
