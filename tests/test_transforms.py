@@ -202,11 +202,11 @@ class TestJitAndEager(chex.TestCase):
             lambda eta: nqfjax.power_law_task(4, 1.0, 0.5).lotka_volterra(eta).r
         )
         with self.assertRaisesRegex(
-            _error_type(self.variant), "`eta` must be strictly"
+            _error_type(self.variant), "`learning_rate` must be strictly"
         ):
             reduce(-0.1)
         batched = self.variant(jax.vmap(reduce))
-        with self.assertRaisesRegex(RuntimeError, "`eta` must be strictly"):
+        with self.assertRaisesRegex(RuntimeError, "`learning_rate` must be strictly"):
             batched(jnp.array([0.1, 0.0]))
         # and good values pass through the same programs
         chex.assert_trees_all_close(
