@@ -513,6 +513,7 @@ class _Watched:
         return status, self.err.decode(errors="replace")
 
 
+@pytest.mark.slow  # 22 processes, each importing jax and compiling the sweep
 def test_sigint_always_exits_130_with_the_checkpoint_whole(tmp_path):
     config = tmp_path / "sigint.toml"
     config.write_text(_SIGINT_CONFIG)
