@@ -11,8 +11,11 @@ too small to keep two cores busy.
 - nqfjax: `sweep(fn, {"init_scale": ..., "seed": ...}, chunk=32)`, which runs
   `jax.jit(jax.vmap(fn))` over the points, 32 at a time (32 runs keep a step's
   intermediates in the L2 cache; one chunk of all 1,024 runs was measured ~3x
-  slower, and is timed too). `sweep` traces and compiles on every call, so the
-  script times one `sweep()` call end to end and, separately, the compiled
+  slower, and is timed too). `sweep` traces and compiles its chunk program on
+  its first call and keeps it for later calls with the same function and
+  shapes: the script times a first `sweep()` call end to end, a second one on
+  other init scales (counting the XLA compilations it triggers, through
+  `jax.monitoring`: there should be none), and, separately, the compiled
   program `sweep` runs (compiled once, applied chunk by chunk; its output is
   checked equal to `sweep`'s).
 - Python loop: `jax.jit(fn)` (the same `fn`) called once per grid point, the
@@ -120,6 +123,22 @@ def main(argv=None) -> dict:
         lambda: nqfjax.sweep(fn, grid, chunk=chunk, progress=False)
     )
     loss_sweep = np.asarray(swept.outputs)
+    # a second call, other init scales: the chunk program is reused
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        again = {**grid, "init_scale": grid["init_scale"] * 2}
+        second_s, _ = time_call(
+            lambda: nqfjax.sweep(fn, again, chunk=chunk, progress=False).outputs
+        )
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    second_compile_s = float(sum(compiles))
     # the program `sweep` runs, applied chunk by chunk as `sweep` does (each chunk
     # copied to the host before the next starts)
     chunks = [
@@ -163,6 +182,11 @@ def main(argv=None) -> dict:
         print(compile_line("nqfjax, one chunk of all runs", whole_compile_s))
     print(compile_line("single run (jit(train))", single_compile_s))
     print(f"nqfjax sweep() call, trace + compile + run: {fmt_seconds(sweep_s)}")
+    print(
+        f"nqfjax second sweep() call, same function and shapes: "
+        f"{fmt_seconds(second_s)}, {len(compiles)} XLA compilations "
+        f"({fmt_seconds(second_compile_s)} compiling)"
+    )
     print(table(times))
     per_run = {k: 1e6 * np.median(v) / len(pairs) for k, v in times.items()}
     print("per run: " + ", ".join(f"{k} {v:.0f} us" for k, v in per_run.items()))
@@ -184,6 +208,9 @@ def main(argv=None) -> dict:
         compile_s=compile_s,
         single_compile_s=single_compile_s,
         sweep_call_s=sweep_s,
+        second_call_s=second_s,
+        second_call_compiles=len(compiles),
+        second_call_compile_s=second_compile_s,
         ratio=ratio(times["python loop"], times["nqfjax sweep (vmap)"]),
         machine=machine(),
     )

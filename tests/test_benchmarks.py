@@ -122,6 +122,9 @@ def test_small_sweep_quick(tmp_path):
     # vmap vs single runs of the same float32 program: roundoff only (measured
     # ~3e-7); a different seed or init scale would differ by O(1).
     assert result["max_rel_diff"] <= 1e-4
+    # a second sweep() call with the same function and shapes reuses the chunk
+    # program: no XLA compilation at all (counted, not timed)
+    assert result["second_call_compiles"] == 0
 
 
 def test_reduction_speedup_quick(tmp_path):
