@@ -36,6 +36,10 @@ from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,
 )
+from .engines.sgd_moments import (
+    SGDMoments as SGDMoments,
+    sgd_moments as sgd_moments,
+)
 from .engines.train import (
     TrainResult as TrainResult,
     log_spaced_steps as log_spaced_steps,
