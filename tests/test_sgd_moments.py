@@ -77,10 +77,10 @@ def _train(xs_ys, eta, b, keys, steps=T, record_at=None):
 
 
 def test_wick_moments_match_monte_carlo():
-    # the closed-form Gaussian moments (Wick) against 400k samples: the worst
+    # the closed-form Gaussian moments (Wick) against 200k samples: the worst
     # estimate, E[x^8], has a relative standard error sqrt(E x^16 / 105^2 - 1)
-    # / sqrt(n) = 2.1%, so 8% is about 4 standard errors
-    n = 400_000
+    # / sqrt(n) = 3.0%, so 10% is more than 3 standard errors
+    n = 200_000
     k1, k2 = jax.random.split(jax.random.key(3))
     xs = jax.random.normal(k1, (n, D)) * np.sqrt(S)[None]
     ys = xs**2 @ MU + np.sqrt(SIGMA2) * jax.random.normal(k2, (n,))
@@ -88,7 +88,7 @@ def test_wick_moments_match_monte_carlo():
     sampled = _sample_moments(xs, ys, jnp.float64)
     for name in ("F4", "F8", "cy", "Y6", "Y8", "y2"):
         a, b = getattr(exact, name), getattr(sampled, name)
-        np.testing.assert_allclose(b, a, rtol=0.08, err_msg=name)
+        np.testing.assert_allclose(b, a, rtol=0.10, err_msg=name)
 
 
 def test_full_batch_is_gradient_descent_exactly(data):
