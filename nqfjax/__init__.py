@@ -36,6 +36,10 @@ from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,
 )
+from .engines.sgd_moments import (
+    SGDMoments as SGDMoments,
+    sgd_moments as sgd_moments,
+)
 from .engines.train import (
     TrainResult as TrainResult,
     log_spaced_steps as log_spaced_steps,
@@ -75,6 +79,14 @@ from .experiments.predict import (
     predict as predict,
 )
 from .experiments.predict_file import predict_file as predict_file
+from .experiments.schedules import (
+    Schedule as Schedule,
+    evaluate_schedule as evaluate_schedule,
+    optimize_schedule as optimize_schedule,
+    piecewise_constant as piecewise_constant,
+    standard_schedules as standard_schedules,
+    train_schedule as train_schedule,
+)
 from .experiments.sweep_config import (
     SweepConfig as SweepConfig,
     load_sweep_config as load_sweep_config,

@@ -1,0 +1,340 @@
+r"""Learning-rate and batch-size schedules designed by gradient descent through
+the moment equation of minibatch SGD (`sgd_moments`), beside the standard ones
+(`standard_schedules`), and trained for real (`train_schedule`).
+
+At a fixed budget of `num_steps` steps and `budget` samples
+($\sum_t b_t = $ `budget`), `optimize_schedule` parametrises
+
+$$\eta_t = \eta_{\max}\,\sigma\big(\mathrm{pl}_\theta(t)\big),\qquad
+b_t = 1 + (\text{budget} - T)\,\mathrm{softmax}_t\big(\mathrm{pl}_\phi(t)\big),$$
+
+$\mathrm{pl}$ a piecewise-linear curve through `num_knots` equally spaced knots
+($2 \times$ `num_knots` parameters), and minimises the predicted
+$\ln \mathbb E L_T$ with optax through `jax.grad` of the moment equation.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from .._checks import static_int
+from ..engines.sgd_moments import sgd_moments
+from ..engines.train import train
+from ..structures.quadratic import QuadraticNet
+from ..tasks.gaussian import GaussianQuadraticTask
+
+
+class Schedule(eqx.Module):
+    r"""A learning-rate and batch-size schedule with the loss the moment
+    equation predicts for it.
+
+    **Attributes:**
+
+    - `name`: a label.
+    - `learning_rates`: $\eta_t$, shape `(T,)`.
+    - `batch_sizes`: $b_t$ (real numbers for a relaxed schedule, integers for
+      one that is trained), shape `(T,)`; their sum is the sample budget.
+    - `predicted_loss`: the predicted mean loss after `0..T` steps, shape
+      `(T + 1,)`.
+    - `final_loss`: its last value (scalar).
+    """
+
+    learning_rates: Float[Array, " T"]
+    batch_sizes: Float[Array, " T"]
+    predicted_loss: Float[Array, " T1"]
+    final_loss: Float[Array, ""]
+    name: str = eqx.field(static=True, default="")
+
+
+def evaluate_schedule(
+    task: GaussianQuadraticTask,
+    learning_rates: Float[ArrayLike, " T"],
+    batch_sizes: Float[ArrayLike, " T"],
+    m0: Float[ArrayLike, " d"],
+    *,
+    name: str = "",
+    **model,
+) -> Schedule:
+    """The `Schedule` of given per-step sequences, with the loss `sgd_moments`
+    predicts for them (`model`: its keyword arguments, e.g. `noise_variance`,
+    `samples`, `num_samples`). A predicted divergence gives `final_loss = inf`."""
+    out = sgd_moments(task, learning_rates, batch_sizes, m0, **model)
+    final = jnp.where(out.diverged, jnp.inf, out.final_loss)
+    return Schedule(
+        jnp.asarray(learning_rates),
+        jnp.asarray(batch_sizes),
+        out.loss,
+        final,
+        name,
+    )
+
+
+def _best_peak(task, shape, batch_sizes, m0, peaks, name, model) -> Schedule:
+    """The schedule `peak * shape` with the lowest predicted final loss over
+    `peaks` (each standard schedule is tuned on the model, to be fair to it)."""
+    best = None
+    for peak in peaks:
+        sched = evaluate_schedule(
+            task, peak * shape, batch_sizes, m0, name=name, **model
+        )
+        if best is None or float(sched.final_loss) < float(best.final_loss):
+            best = sched
+    return best
+
+
+def standard_schedules(
+    task: GaussianQuadraticTask,
+    budget: int,
+    m0: Float[ArrayLike, " d"],
+    *,
+    num_steps: int,
+    max_learning_rate: float,
+    num_peaks: int = 12,
+    **model,
+) -> tuple[Schedule, ...]:
+    r"""The standard schedules at a budget of `budget` samples over `num_steps`
+    steps, each with its peak learning rate tuned on the model over `num_peaks`
+    log-spaced values up to `max_learning_rate`, with constant batches
+    `budget / num_steps`: constant, cosine (`optax.cosine_decay_schedule`),
+    warmup-cosine (`optax.warmup_cosine_decay_schedule`, 10% warmup) and step
+    decay (`optax.piecewise_constant_schedule`, x0.1 at 50% and 75%); then the
+    tuned cosine paired with the batch-size rule of the convex theory,
+    `"cosine + convex batch"`.
+
+    The convex rule: on a convex quadratic the minibatch noise adds
+    $\propto \eta_t^2 c_b$ per step to an excess loss that the step removes at a
+    rate $\propto \eta_t$, so the noise stays below the loss it acts on when
+    $\eta_t / b_t \propto L_t$. We take $b_t \propto \eta_t / \hat L_t$, with
+    $\hat L_t$ the loss predicted for the tuned cosine at constant batches,
+    scaled to the budget (and at least 1): a heuristic for this non-convex
+    problem, not its optimum.
+
+    **Returns:** a tuple of five `Schedule`s, in that order.
+    """
+    T = static_int("num_steps", num_steps, 1)
+    if budget < T:
+        raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
+    if not max_learning_rate > 0:
+        raise ValueError(f"`max_learning_rate` must be > 0, got {max_learning_rate}.")
+    t = jnp.arange(T)
+    b = jnp.full(T, budget / T)
+    peaks = np.geomspace(max_learning_rate / 20, max_learning_rate, num_peaks)
+    tiny = 1e-6  # the schedules end at 0; `sgd_moments` needs eta > 0
+    shapes = {
+        "constant": jnp.ones(T),
+        "cosine": optax.cosine_decay_schedule(1.0, T)(t) + tiny,
+        "warmup-cosine": optax.warmup_cosine_decay_schedule(0.0, 1.0, T // 10, T)(t)
+        + tiny,
+        "step decay": optax.piecewise_constant_schedule(
+            1.0, {T // 2: 0.1, (3 * T) // 4: 0.1}
+        )(t),
+    }
+    out = [
+        _best_peak(task, shape, b, m0, peaks, name, model)
+        for name, shape in shapes.items()
+    ]
+    cosine = out[1]
+    weight = cosine.learning_rates / cosine.predicted_loss[:-1]
+    convex_b = 1 + (budget - T) * weight / jnp.sum(weight)
+    out.append(
+        evaluate_schedule(
+            task,
+            cosine.learning_rates,
+            convex_b,
+            m0,
+            name="cosine + convex batch",
+            **model,
+        )
+    )
+    return tuple(out)
+
+
+def optimize_schedule(
+    task: GaussianQuadraticTask,
+    budget: int,
+    m0: Float[ArrayLike, " d"],
+    *,
+    num_steps: int,
+    max_learning_rate: float,
+    num_knots: int = 16,
+    init: Schedule | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    num_iterations: int = 150,
+    batch_sizes: Float[ArrayLike, " T"] | None = None,
+    **model,
+) -> Schedule:
+    r"""The learning-rate and batch-size schedules that minimise the predicted
+    final loss at a budget of `budget` samples over `num_steps` steps, under
+    $\eta_t \le$ `max_learning_rate`, by gradient descent through `sgd_moments`.
+
+    The parametrisation (module docstring) has `2 num_knots` parameters; the
+    batch sizes are real (relaxed) and sum to `budget` exactly. The optimiser
+    starts from `init` (default: constant batches and a cosine at half the
+    maximum), minimises $\ln \mathbb E L_T$ with `optimizer` (default
+    `optax.adam(0.1)`) for `num_iterations` steps, skipping non-finite updates,
+    and returns the best schedule seen.
+
+    **Arguments:**
+
+    - `task`, `m0`, `**model`: as for `sgd_moments`.
+    - `budget`: the total number of samples, `>= num_steps`.
+    - `num_steps`: `T` (static int).
+    - `max_learning_rate`: the bound on $\eta_t$.
+    - `num_knots`: knots of each piecewise-linear curve (static int >= 2).
+    - `init`: a `Schedule` to start from (its curves are read at the knots).
+    - `optimizer`: an optax `GradientTransformation`.
+    - `num_iterations`: optimiser steps.
+    - `batch_sizes`: shape `(T,)`: keep these batch sizes and optimise the
+      learning rates only (e.g. to polish the learning rates of a schedule whose
+      batch sizes were rounded by `piecewise_constant`).
+
+    **Returns:** the optimised `Schedule` (named `"optimised"`).
+
+    **Raises:** `ValueError` for a budget below `num_steps`, a non-positive
+    maximum learning rate, or fewer than 2 knots.
+    """
+    T = static_int("num_steps", num_steps, 1)
+    K = static_int("num_knots", num_knots, 2)
+    if budget < T:
+        raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
+    if not max_learning_rate > 0:
+        raise ValueError(f"`max_learning_rate` must be > 0, got {max_learning_rate}.")
+    t = jnp.arange(T, dtype=float)
+    knots = jnp.linspace(0.0, T - 1, K)
+    cap = model.get("num_samples")
+    if cap is None and model.get("samples") is not None:
+        cap = np.shape(model["samples"][0])[0]
+
+    fixed_b = None if batch_sizes is None else jnp.asarray(batch_sizes, float)
+
+    def unpack(theta):
+        eta = max_learning_rate * jax.nn.sigmoid(jnp.interp(t, knots, theta[:K]))
+        if fixed_b is not None:
+            return eta, fixed_b
+        b = 1 + (budget - T) * jax.nn.softmax(jnp.interp(t, knots, theta[K:]))
+        return eta, b if cap is None else jnp.minimum(b, cap)
+
+    if init is None:
+        eta0 = 0.5 * max_learning_rate * optax.cosine_decay_schedule(1.0, T)(t)
+        b0 = jnp.full(T, budget / T)
+    else:
+        eta0, b0 = init.learning_rates, init.batch_sizes
+    frac = jnp.clip(jnp.interp(knots, t, eta0) / max_learning_rate, 1e-3, 1 - 1e-3)
+    logb = jnp.log(jnp.clip(jnp.interp(knots, t, b0) - 1, 1e-3, None))
+    theta = jnp.concatenate([jnp.log(frac / (1 - frac)), logb - jnp.mean(logb)])
+
+    def objective(theta):
+        eta, b = unpack(theta)
+        out = sgd_moments(task, eta, b, m0, **model)
+        return jnp.log(out.final_loss)
+
+    opt = optax.apply_if_finite(optax.adam(0.1) if optimizer is None else optimizer, 10)
+    value_and_grad = eqx.filter_jit(jax.value_and_grad(objective))
+    state = opt.init(theta)
+    best_value, best_theta = np.inf, theta
+    for _ in range(int(num_iterations)):
+        value, grad = value_and_grad(theta)
+        if np.isfinite(float(value)) and float(value) < best_value:
+            best_value, best_theta = float(value), theta
+        updates, state = opt.update(grad, state, theta)
+        theta = optax.apply_updates(theta, updates)
+    eta, b = unpack(best_theta)
+    return evaluate_schedule(task, eta, b, m0, name="optimised", **model)
+
+
+def piecewise_constant(
+    schedule: Schedule,
+    num_segments: int,
+    task: GaussianQuadraticTask,
+    m0: Float[ArrayLike, " d"],
+    **model,
+) -> Schedule:
+    """The schedule as `train_schedule` runs it: on `num_segments` equal
+    segments, the mean learning rate and a power of two for the batch size (a
+    few static batch sizes, so a few compilations of `train`): each segment's
+    mean rounded down, then the segments furthest below their mean doubled, as
+    long as the sample budget (the schedule's total) holds and no segment gets
+    more than twice its mean. The loss is the one the model predicts for exactly
+    that."""
+    T = schedule.learning_rates.shape[0]
+    S = static_int("num_segments", num_segments, 1)
+    if T % S:
+        raise ValueError(f"`num_segments` ({S}) must divide the {T} steps.")
+    eta = schedule.learning_rates.reshape(S, -1).mean(axis=1)
+    want = np.asarray(schedule.batch_sizes).reshape(S, -1).mean(axis=1)
+    budget = float(np.sum(want)) * (T // S)
+    # powers of two at or below what was asked (the budget holds), then double
+    # the most shortchanged segments while the budget allows
+    b = 2.0 ** np.floor(np.log2(np.maximum(want, 1.0)))
+    while True:
+        order = np.argsort(b / want)
+        grown = [i for i in order if (np.sum(b) + b[i]) * (T // S) <= budget]
+        if not grown or b[grown[0]] * 2 > 2 * want[grown[0]]:
+            break
+        b[grown[0]] *= 2
+    return evaluate_schedule(
+        task,
+        jnp.repeat(eta, T // S),
+        jnp.repeat(jnp.asarray(b), T // S),
+        m0,
+        name=schedule.name,
+        **model,
+    )
+
+
+def train_schedule(
+    schedule: Schedule,
+    xs: Float[ArrayLike, "n d"],
+    ys: Float[ArrayLike, "n 1"],
+    W0: Float[ArrayLike, "d m"],
+    keys: PRNGKeyArray,
+    *,
+    num_segments: int,
+) -> Float[Array, "seeds S1"]:
+    """Train the quadratic network with a piecewise-constant `schedule` (from
+    `piecewise_constant`, constant on `num_segments` equal segments with integer
+    batch sizes): one `train` call per segment, continuing from the last
+    weights, vmapped over `keys` (one run per key, each segment with its own
+    minibatch key). Returns the full-data loss at the start and after each
+    segment, shape `(len(keys), num_segments + 1)`."""
+    T = schedule.learning_rates.shape[0]
+    S = static_int("num_segments", num_segments, 1)
+    L = T // S
+    eta = np.asarray(schedule.learning_rates).reshape(S, L)
+    b = np.asarray(schedule.batch_sizes).reshape(S, L)
+    if not (np.all(eta == eta[:, :1]) and np.all(b == b[:, :1])):
+        raise ValueError("`schedule` must be constant on each segment.")
+    net = QuadraticNet(xs.shape[1])
+    n = xs.shape[0]
+
+    def segment(W, key, lr, size):
+        res = train(
+            net,
+            xs,
+            ys,
+            num_steps=L,
+            learning_rate=lr,
+            W0=W,
+            batch_size=None if size >= n else size,
+            key=key,
+            record_at=[0, L],
+            snapshots=False,
+        )
+        return res.W, res.loss
+
+    Ws = jnp.broadcast_to(jnp.asarray(W0), (len(keys), *np.shape(W0)))
+    losses = []
+    for i in range(S):
+        size = int(b[i, 0])
+        seg_keys = jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(keys)
+        run = functools.partial(segment, size=size)
+        Ws, loss = jax.vmap(run, in_axes=(0, 0, None))(Ws, seg_keys, eta[i, 0])
+        if i == 0:
+            losses.append(loss[:, 0])
+        losses.append(loss[:, 1])
+    return jnp.stack(losses, axis=1)
