@@ -549,8 +549,14 @@ def run_sweep_config(
       recomputed, with `checkpoint_warnings` saying why), per run the initial
       and final loss, the first step at which the loss halved and the step at
       which it diverged (`null` if it did not), and `diverged` (the criterion,
-      the count and the indices of the diverged runs in `runs`);
-    - `loss_curves.png`: the loss curves, one panel per group.
+      the count and the indices of the diverged runs in `runs`), and
+      `predicted_switch_on`: for each full-batch GD group, the theory's
+      switch-on times of each mode at each `(init_scale, learning_rate)` from
+      the first seed's initial weights (`predict`: the Lotka-Volterra reduction
+      where the data allow, else the M-space flow; which one, and why, in
+      `engine`);
+    - `loss_curves.png`: the loss curves, one panel per group, with those
+      predicted switch-on times as ticks.
 
     **Arguments:**
 
