@@ -76,7 +76,9 @@ outputs (in OUT, each written atomically once the whole grid is done):
                    seed, step], steps, and the grid axes
   summary.json     the config, versions, chunk counts, and per run the
                    initial and final loss and the step where the loss halved
-  loss_curves.png  the loss curves, one panel per group"""
+  loss_curves.png  the loss curves, one panel per group, with the predicted
+                   switch-on time of each mode as a tick (full-batch GD
+                   groups: the theory of gradient flow)"""
 
 _FIT = """\
 Analyse a loss curve of your own: detect its plateaus and drops, fit a power
