@@ -399,11 +399,21 @@ def plot_structures(
 # sweeps and a user's curve
 
 
-def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]):
+def plot_sweep(
+    steps: np.ndarray,
+    loss: np.ndarray,
+    grid: Mapping[str, Sequence],
+    *,
+    switch_on: np.ndarray | None = None,
+):
     """The loss curves of a sweep (`nqfjax sweep`), one panel per
     `(optimizer, architecture)` group: colour by init scale, line style by
     learning rate, marker by seed; a cross marks where a run diverged (its last
-    finite point).
+    finite point). Where the theory applies, a short vertical tick at the top
+    of the panel marks each mode's predicted switch-on time, in the colour and
+    line style of its `(init scale, learning rate)` (`gid`
+    `"switch_on:S:L:K"`, with `S`, `L` and `K` the indices of the init scale,
+    learning rate and mode).
 
     The step axis is logarithmic above step 1 and linear below it (`symlog`), so
     step 0 sits at 0, where it is.
@@ -415,6 +425,9 @@ def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]
       n_learning_rate, n_seed, R)`.
     - `grid`: the grid axes, with keys `optimizer`, `architecture`, `init_scale`,
       `learning_rate` and `seed` (lists as long as the axes of `loss`).
+    - `switch_on`: predicted switch-on times in steps, shape `(n_optimizer,
+      n_architecture, n_init_scale, n_learning_rate, K)`, NaN where there is no
+      prediction (e.g. Adam); `None` for none.
     """
     steps = np.asarray(steps, float)
     loss = np.asarray(loss, float)
@@ -423,7 +436,7 @@ def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]
     axes = fig.subplots(n_o, n_a, squeeze=False)
     markers = ["o", "s", "^", "v", "D", "P", "X", "*"]
     every = max(1, steps.size // 8)
-    diverged = False
+    diverged = predicted = False
     for o, a in np.ndindex(n_o, n_a):
         ax = axes[o, a]
         for s, lr, seed in np.ndindex(loss.shape[2:5]):
@@ -454,6 +467,8 @@ def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_yscale("log")
         ax.set_xlim(0, steps.max() * 1.05)
+        if switch_on is not None:
+            predicted |= _switch_on_ticks(ax, np.asarray(switch_on, float)[o, a])
         ax.set_title(f"{grid['optimizer'][o]}, {grid['architecture'][a]}", fontsize=10)
         ax.set_xlabel("step (symlog: step 0 at 0)")
         ax.set_ylabel("loss")
@@ -476,12 +491,34 @@ def plot_sweep(steps: np.ndarray, loss: np.ndarray, grid: Mapping[str, Sequence]
         )
         for i, v in enumerate(grid["seed"])
     ]
+    if predicted:
+        handles.append(
+            Line2D(
+                [], [], color="k", ls="", marker="|", ms=9, mew=1.5,
+                label="predicted switch-on\n(theory, first seed)",
+            )
+        )  # fmt: skip
     if diverged:
         handles.append(
             Line2D([], [], color="red", ls="", marker="x", mew=2, label="diverged")
         )
     fig.legend(handles=handles, loc="outside right upper", fontsize=7)
     return fig
+
+
+def _switch_on_ticks(ax, times) -> bool:
+    """Ticks at the predicted switch-on times `times[s, lr, k]` (steps) along the
+    top of `ax`, from 88% to 100% of its height; whether any was drawn."""
+    drawn = False
+    for s, lr, k in np.ndindex(times.shape):
+        t = times[s, lr, k]
+        if np.isfinite(t) and t >= 0:
+            ax.axvline(
+                t, ymin=0.88, ymax=1.0, color=_colour(s), ls=_STYLES[lr % 4], lw=1.6,
+                gid=f"switch_on:{s}:{lr}:{k}",
+            )  # fmt: skip
+            drawn = True
+    return drawn
 
 
 def plot_curve_analysis(

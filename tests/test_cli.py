@@ -418,7 +418,28 @@ def test_read_curve_csv_values(tmp_path):
 # demo (the report's contents are nqfjax.report's to test)
 
 
-def test_demo_quick_writes_every_file(tmp_path, capsys):
+def test_demo_compilation_cache_folder(tmp_path):
+    # the user's cache folder, unless switched off or JAX already has one
+    from nqfjax import cli
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        env = {"XDG_CACHE_HOME": str(tmp_path)}
+        assert cli.compilation_cache_dir(env) == tmp_path / "nqfjax" / "jax"
+        assert cli.compilation_cache_dir({**env, cli.NO_CACHE_ENV: "1"}) is None
+        home = cli.compilation_cache_dir({})
+        assert home == Path.home() / ".cache" / "nqfjax" / "jax"
+        # no compilation happens in here, so JAX never opens this folder
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        assert cli.compilation_cache_dir(env) is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_demo_quick_writes_every_file(tmp_path, capsys, monkeypatch):
+    # the test process keeps its own compilation settings (no cache in ~/.cache)
+    monkeypatch.setenv("NQFJAX_NO_COMPILATION_CACHE", "1")
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out

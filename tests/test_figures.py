@@ -13,11 +13,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import jax  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
+import nqfjax  # noqa: E402
 from nqfjax import plots  # noqa: E402
 from nqfjax.experiments import _report, demo  # noqa: E402
 
@@ -320,6 +322,118 @@ def test_sweep_figure_distinguishes_seeds_and_shows_step_zero():
     # the diverged run is marked at its last finite step
     (cross,) = [line for line in ax.get_lines() if line.get_marker() == "x"]
     assert cross.get_xdata()[0] == steps[4]
+
+
+def _ticks(ax):
+    """The predicted switch-on ticks of a sweep panel, `gid -> line`."""
+    return {
+        line.get_gid(): line
+        for line in ax.get_lines()
+        if str(line.get_gid()).startswith("switch_on:")
+    }
+
+
+def test_sweep_figure_marks_predicted_switch_on():
+    steps = np.array([0, 1, 10, 100, 1000])
+    loss = np.ones((2, 1, 2, 1, 1, steps.size))
+    grid = dict(
+        optimizer=["gd", "adam"],
+        architecture=["perceptron"],
+        init_scale=[1e-4, 1e-2],
+        learning_rate=[0.1],
+        seed=[0],
+    )
+    switch_on = np.full((2, 1, 2, 1, 2), np.nan)  # no theory for Adam
+    switch_on[0, 0, :, 0] = [[300.0, 700.0], [150.0, np.nan]]
+    fig = plots.plot_sweep(steps, loss, grid, switch_on=switch_on)
+    _check(fig)
+    (legend,) = _check_legends(fig)
+    assert "predicted switch-on\n(theory, first seed)" in [
+        t.get_text() for t in legend.get_texts()
+    ]
+    gd, adam = _axes(fig)
+    ticks = _ticks(gd)
+    assert sorted(ticks) == ["switch_on:0:0:0", "switch_on:0:0:1", "switch_on:1:0:0"]
+    for gid, line in ticks.items():
+        s, lr, k = map(int, gid.split(":")[1:])
+        # a vertical line at the time given, in the colour of its init scale
+        assert set(line.get_xdata()) == {switch_on[0, 0, s, lr, k]}
+        assert line.get_color() == gd.get_lines()[s].get_color()
+    assert _ticks(adam) == {}
+    # without predictions there is no tick and no legend entry for them
+    plain = plots.plot_sweep(steps, loss, grid)
+    (legend,) = _check_legends(plain)
+    assert not any("switch-on" in t.get_text() for t in legend.get_texts())
+
+
+@pytest.mark.slow
+def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkeypatch):
+    """`nqfjax sweep` on a quadratic network (exactly the quadratic form) trained
+    by GD from small init: the ticks are `predict`'s switch-on times, and each
+    first tick falls inside the measured first drop."""
+    from nqfjax.experiments import sweep_config as sc
+
+    config = sc.parse_sweep_config(
+        {
+            "data": {"n_samples": 32, "teacher_units": 1, "seed": 3},
+            "train": {
+                "num_steps": 3000,
+                "width": 4,
+                "num_records": 60,
+                "precision": "float64",
+            },
+            "grid": {
+                "init_scale": [1e-5, 1e-3],
+                "learning_rate": [0.01],
+                "seed": [0],
+                "optimizer": ["gd", "adam"],
+                "architecture": ["quadratic"],
+            },
+            "architectures": {"quadratic": {"d": 3}},
+        }  # fmt: skip
+    )
+    figures = []
+    plot = plots.plot_sweep
+    monkeypatch.setattr(
+        sc.plots,
+        "plot_sweep",
+        lambda *a, **k: figures.append(plot(*a, **k)) or figures[-1],
+    )
+    summary = sc.run_sweep_config(config, tmp_path, progress=False)
+    (fig,) = figures
+    (legend,) = _check_legends(fig)
+    assert "predicted switch-on\n(theory, first seed)" in [
+        t.get_text() for t in legend.get_texts()
+    ]
+    gd, adam = _axes(fig)
+    assert _ticks(adam) == {}
+    ticks = _ticks(gd)
+    data = np.load(tmp_path / "results.npz")
+    steps, loss = data["steps"], data["loss"]
+    structure = config.structure("quadratic")
+    with jax.enable_x64(True):
+        xs, ys = sc._make_data(config, structure, np.float64)
+        for s, sigma in enumerate(config.grid["init_scale"]):
+            pred = nqfjax.predict(
+                structure, xs, ys, init_scale=sigma, learning_rate=0.01, width=4,
+                key=jax.random.key(0), ts=steps,
+            )  # fmt: skip
+            times = np.asarray(pred.switch_times)
+            assert times.size >= 1
+            for k, t in enumerate(times):
+                # the same computation: equal to float64 roundoff
+                x = _ticks(gd)[f"switch_on:{s}:0:{k}"].get_xdata()[0]
+                np.testing.assert_allclose(x, t, rtol=1e-12)
+            # the data: the first drop (from 90% to 10% of the way from the
+            # initial loss to the last) contains the first tick; a tick off by a
+            # factor 1.3 in time (a wrong clock) would miss it, as it lasts
+            # ~ln(81) / r against t ~ ln(m*/m0) / r >= 20 / r
+            curve = loss[0, 0, s, 0, 0]
+            level = curve[-1] + np.array([0.9, 0.1]) * (curve[0] - curve[-1])
+            start, end = (steps[np.argmax(curve < v)] for v in level)
+            assert start <= times[0] <= end, (start, times[0], end)
+    times = np.asarray(summary["predicted_switch_on"]["gd-quadratic"]["times"], float)
+    assert len(ticks) == np.isfinite(times).sum()
 
 
 def test_curve_analysis_figure_has_residuals():

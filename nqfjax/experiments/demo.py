@@ -61,12 +61,13 @@ class DemoConfig:
     it (measured: the slowest mode's slope 19% low over 1e-4..1e-10, and with 8x
     larger singular values 7% low over 1e-3..1e-7).
 
-    `explicit_mflow` integrates the M-space flow with an explicit solver
-    (`diffrax.Tsit5`, enough for this small, mildly stiff problem and much
-    quicker to compile) instead of `solve_mflow`'s default; `closed_form_power_law`
-    takes the power-law curve from the exact logistic solution of its independent
-    modes instead of integrating them with `solve_lv`. `DemoConfig.quick()` sets
-    both.
+    `explicit_mflow` and `explicit_lv` integrate the M-space flow and the
+    Lotka-Volterra system with an explicit solver (`diffrax.Tsit5`, enough for
+    this small, mildly stiff problem and much quicker to compile) instead of
+    `solve_mflow`'s and `solve_lv`'s defaults; `closed_form_power_law` takes the
+    power-law curve from the exact logistic solution of its independent modes
+    instead of integrating them with `solve_lv`. `DemoConfig.quick()` sets all
+    three.
     """
 
     d: int = 6
@@ -86,6 +87,7 @@ class DemoConfig:
     power_law_eps: float = 1e-16
     seed: int = 0
     explicit_mflow: bool = False
+    explicit_lv: bool = False
     closed_form_power_law: bool = False
     # tolerances of the agreement checks (those of the library's tests)
     tol_switch_on: float = 0.02
@@ -99,11 +101,11 @@ class DemoConfig:
         """A smaller problem for tests and a first look: two modes instead of
         three (so half the steps), a quarter of the records, three init scales, a
         quarter of the power-law modes (at eps = 1e-8, where 500 modes still
-        give a power-law window); the explicit M-space solver and the
-        closed-form power law. The same figures and checks, at the same
-        tolerances. It takes about two thirds of the full demo's time: most of
-        either is compiling the same programs, which a smaller problem does not
-        shorten."""
+        give a power-law window); the explicit M-space and Lotka-Volterra
+        solvers and the closed-form power law. The same figures and checks, at
+        the same tolerances (the checked numbers agree with those of the
+        default solvers to the digits printed). Most of its time is compiling:
+        `nqfjax demo` caches the programs JAX can cache (README)."""
         return cls(
             d=4,
             k=2,
@@ -117,6 +119,7 @@ class DemoConfig:
             power_law_modes=500,
             power_law_eps=1e-8,
             explicit_mflow=True,
+            explicit_lv=True,
             closed_form_power_law=True,
         )
 
@@ -177,6 +180,11 @@ def _problem(cfg: DemoConfig) -> _Problem:
     return _Problem(structure, xs, ys, task, lv, np.asarray(basis), learn)
 
 
+def _lv_solver(cfg: DemoConfig):
+    """`solve_lv`'s solver: its default (Rosenbrock), or `diffrax.Tsit5`."""
+    return diffrax.Tsit5() if cfg.explicit_lv else None
+
+
 class _Engines(NamedTuple):
     """Stage 1: the three engines' loss curves on one grid of steps, the
     switch-on times, and the staircase with LV curves at shrinking eps."""
@@ -218,7 +226,7 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
     M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
     L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
-    L_lv = np.asarray(solve_lv(pb.lv, m0, ts).loss)
+    L_lv = np.asarray(solve_lv(pb.lv, m0, ts, solver=_lv_solver(cfg)).loss)
     L_w = np.asarray(res.loss)
     mstar = np.asarray(pb.lv.fixed_point_isolated())[pb.learn]
     t_pred = np.asarray(switch_on_times(pb.lv, m0))[pb.learn]
@@ -256,7 +264,10 @@ def _staircase(cfg: DemoConfig, lv, m0, log_eps):
     rescaled = {}
     for c in (1, 2, 4, 8):
         m_c = solve_lv(
-            lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps)
+            lv,
+            np.exp(c * np.log(m0)),
+            jnp.asarray(tau_grid * c * log_eps),
+            solver=_lv_solver(cfg),
         ).ys
         # typical amplitude eps^c: an init scale of about sigma eps^((c-1)/2)
         eps, sigma = (
@@ -539,7 +550,8 @@ def run_demo(
     - `out_dir`: where `staircase.png`, `init_scale.png`, `power_law.png`,
       `structures.png`, `report.json` and `report.md` go (created if needed).
     - `quick`: `DemoConfig.quick()`, a smaller problem (two modes, fewer
-      records, three init scales, 500 power-law modes) with the same checks.
+      records, three init scales, 500 power-law modes, explicit ODE solvers)
+      with the same checks.
     - `config`: override the defaults entirely.
     - `progress`: show a progress bar over the stages.
     - `log`: where to send one-line status messages (default: nowhere).

@@ -73,6 +73,7 @@ from ..sweep import defer_interrupts, grid_product, sweep
 from ._optimizers import (
     OPTIMIZERS as OPTIMIZERS,  # the one table: word -> optax factory (None: GD)
 )
+from .predict import predict
 
 
 # --------------------------------------------------------------------------------
@@ -390,6 +391,39 @@ def _diverged_at(steps: np.ndarray, loss: np.ndarray):
     return np.where(bad.any(axis=-1), steps[first], np.nan)
 
 
+def _predicted_switch_on(config, structure, xs, ys, steps) -> tuple[np.ndarray, str]:
+    """The theory's switch-on times of a full-batch GD group at each `(init_scale,
+    learning_rate)`, shape `(n_init_scale, n_learning_rate, K)` (NaN-padded), from
+    the first seed's initial weights (`predict`: the Lotka-Volterra reduction where
+    the data allow, else the M-space flow); and which engine, or why none."""
+    grid, train_ = config.grid, config.train
+    if train_["batch_size"] is not None:
+        return np.full((0, 0, 0), np.nan), "none: minibatch training (SGD)"
+    scales, rates = grid["init_scale"], grid["learning_rate"]
+    times, why = {}, ""
+    for s, r in np.ndindex(len(scales), len(rates)):
+        try:
+            pred = predict(
+                structure,
+                xs,
+                ys,
+                init_scale=float(scales[s]),
+                learning_rate=float(rates[r]),
+                width=train_["width"],
+                key=jr.key(grid["seed"][0]),
+                ts=steps,
+                weight_decay=train_["weight_decay"],
+            )
+        except ValueError as e:  # the runs stand; the summary says why no ticks
+            return np.full((0, 0, 0), np.nan), f"none: predict failed ({e})"
+        times[s, r], why = np.asarray(pred.switch_times, float), pred.reason
+    K = max((t.size for t in times.values()), default=0)
+    out = np.full((len(scales), len(rates), K), np.nan)
+    for (s, r), t in times.items():
+        out[s, r, : t.size] = t
+    return out, why
+
+
 def _run_groups(config, out, points, shape, steps, progress, interrupted):
     """One `nqfjax.sweep` per `(optimizer, architecture)` group; returns the loss
     array, the chunk counts and the checkpoint's warnings (damaged chunks)."""
@@ -400,7 +434,7 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
         (len(grid["optimizer"]), len(grid["architecture"]), *shape, steps.size), dtype
     )
     counts = {"total": 0, "computed": 0, "loaded": 0, "damaged": []}
-    notes = []
+    notes, theory = [], {}
     with jax.enable_x64(train_["precision"] == "float64"):
         for g, (opt_name, arch) in enumerate(groups):
             if interrupted():
@@ -450,7 +484,9 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
             counts["computed"] += result.n_computed
             counts["loaded"] += result.n_loaded
             counts["damaged"] += list(result.damaged)
-    return loss, counts, notes
+            if opt_name == "gd":  # the theory is gradient flow's (GD, not Adam)
+                theory[i, j] = _predicted_switch_on(config, structure, xs, ys, steps)
+    return loss, counts, notes, theory
 
 
 def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
@@ -516,8 +552,14 @@ def run_sweep_config(
       recomputed, with `checkpoint_warnings` saying why), per run the initial
       and final loss, the first step at which the loss halved and the step at
       which it diverged (`null` if it did not), and `diverged` (the criterion,
-      the count and the indices of the diverged runs in `runs`);
-    - `loss_curves.png`: the loss curves, one panel per group.
+      the count and the indices of the diverged runs in `runs`), and
+      `predicted_switch_on`: for each full-batch GD group, the theory's
+      switch-on times of each mode at each `(init_scale, learning_rate)` from
+      the first seed's initial weights (`predict`: the Lotka-Volterra reduction
+      where the data allow, else the M-space flow; which one, and why, in
+      `engine`);
+    - `loss_curves.png`: the loss curves, one panel per group, with those
+      predicted switch-on times as ticks.
 
     **Arguments:**
 
@@ -545,9 +587,15 @@ def run_sweep_config(
     steps = np.asarray(log_spaced_steps(train_["num_steps"], train_["num_records"]))
 
     with defer_interrupts() as interrupted:
-        loss, counts, notes = _run_groups(
+        loss, counts, notes, theory = _run_groups(
             config, out, points, shape, steps, progress, interrupted
         )
+    switch_on = np.full((*loss.shape[:4], 0), np.nan)
+    if theory:
+        K = max(t.shape[-1] for t, _ in theory.values())
+        switch_on = np.full((*loss.shape[:4], K), np.nan)
+        for (i, j), (t, _) in theory.items():
+            switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
     runs, diverged = _runs(config, steps, loss)
     files = {
         "results": "results.npz",
@@ -577,6 +625,14 @@ def run_sweep_config(
             "runs": diverged,
         },
         "runs": runs,
+        "predicted_switch_on": {
+            f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
+                "engine": why,
+                "seed": grid["seed"][0],
+                "times": t,  # [init_scale][learning_rate][mode], in steps
+            }
+            for (i, j), (t, why) in theory.items()
+        },
         "files": files,
     }
 
@@ -589,7 +645,9 @@ def run_sweep_config(
         **{name: a for name, a in axes.items()},
     }
     atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    write_figure(out / files["figure"], plots.plot_sweep(steps, loss, grid))
+    write_figure(
+        out / files["figure"], plots.plot_sweep(steps, loss, grid, switch_on=switch_on)
+    )
     write_json(out / files["summary"], summary)
     summary["files"] = {k: out / v for k, v in files.items()}
     return summary
