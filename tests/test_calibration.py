@@ -109,11 +109,11 @@ def test_plateaus_and_claims_on_simulated_curves():
     for ts, loss, truth in _curves("power_law", 60, seed=1):
         total += 1
         right += len(nqfjax.detect_plateaus(ts, loss)) == 0
-    # measured 158/160 (the misses: linearly logged staircases with 8-10%
-    # noise, whose first plateau holds ten records)
+    # measured 156/160 (97.5%); the bar is the issue's
     assert right >= 0.95 * total, (right, total)
     offsets = np.concatenate(offsets)
-    assert np.all(offsets < 1), np.sort(offsets)[-5:]  # measured max 0.4
+    print(f"plateau count right: {right}/{total}; drop offsets max {offsets.max():.2f}")
+    assert np.all(offsets < 1), np.sort(offsets)[-5:]  # measured max 0.54
 
 
 @pytest.mark.slow
@@ -133,6 +133,7 @@ def test_gamma_interval_is_calibrated():
     assert missed <= 0.05 * 120
     z = np.abs(np.array(z))
     one, two = np.mean(z < 1), np.mean(z < 2)
-    # measured 0.69 and 0.96 (the Laplace error alone: 0.64 and 0.90, with
+    print(f"gamma: 1-sigma {one:.2f}, 2-sigma {two:.2f} of {z.size}; {missed} missed")
+    # measured 0.68 and 0.95 of 119 (the Laplace error alone: 0.64 and 0.90, with
     # curves 5 errors off where the window bends)
     assert 0.60 <= one <= 0.75 and two >= 0.90, (one, two)

@@ -42,10 +42,11 @@ class Forecast(eqx.Module):
       the observed prefix to `until`.
     - `loss`: the forecast loss at `ts` (the fitted model), shape `(F,)`.
     - `lower`, `upper`: the band, shape `(F,)`: the central `level` (default
-      95%) of the models drawn from the fit's uncertainty, reaching down to
-      the model without its floor (a floor below the observed losses is not
-      seen), widened by twice the fit's rms misfit in `log L` (at least 2%,
-      the model's own error).
+      95%) of the models drawn from the fit's covariance and of the fits to
+      shortened prefixes, the model moved in time by one e-fold of each
+      mode's initial size, reaching down to the model without its floor (a
+      floor below the observed losses is not seen), widened by twice the
+      fit's rms misfit in `log L` (at least 2%, the model's own error).
     - `switch_on_times`: when the next modes switch on (those after the
       prefix, up to `until`), shape `(S,)` (at most 5); `switch_on_modes`: their
       indices `k` (1-based).
@@ -88,6 +89,9 @@ def _log_model(theta, ts, p: int, n_modes):
     return jnp.logaddexp(theta[5], spectrum)
 
 
+_log_model_at = eqx.filter_jit(_log_model)
+
+
 @eqx.filter_jit
 def _fit(ts, y, weights, starts, p: int, n_modes, steps: int):
     """Fit from every start (vmapped) and keep the best: `(theta, cov, rms)`."""
@@ -114,6 +118,36 @@ def _draws(theta, cov, key, ts, p: int, n_modes, n_draws: int):
     return jax.vmap(lambda th: _log_model(th, ts, p, n_modes))(thetas)
 
 
+@eqx.filter_jit
+def _refits(ts, y, weights, theta, at, p: int, n_modes):
+    """The fit redone (Levenberg-Marquardt from `theta`) for each row of
+    `weights` (shape `(W, T)`: shortened prefixes), vmapped; `log L(at)` of
+    each, shape `(W, F)` (NaN where a refit failed)."""
+
+    def one(w):
+        def residual(th):
+            return _log_model(th, ts, p, n_modes) - y
+
+        best = _least_squares(residual, w, 0.1, theta, 0, 30, 0.03)
+        curve = _log_model(best.theta, at, p, n_modes)
+        return jnp.where(jnp.isfinite(best.value), curve, jnp.nan)
+
+    return jax.vmap(one)(weights)
+
+
+def _shortened(t, use, n_windows, shrink, rng):
+    """`n_windows` weight rows: the prefix with its end cut by a uniform fraction
+    in `[0, shrink)` of its span in `log t` (and its start by a tenth of that),
+    each keeping at least 8 points."""
+    lt = np.log(np.maximum(t, t[t > 0][0] if np.any(t > 0) else 1.0))
+    span = lt[-1] - lt[0]
+    hi = lt[-1] - rng.uniform(0, shrink, (n_windows, 1)) * span
+    lo = lt[0] + rng.uniform(0, 0.1 * shrink, (n_windows, 1)) * span
+    rows = (lt >= lo) & (lt <= hi) & use
+    rows[rows.sum(1) < 8] = use
+    return rows.astype(float)
+
+
 def _switch_ons(theta, after: float, until: float, p: int, n_next: int = 5):
     """The first `n_next` modes `k <= p` switching on in `(after, until]`:
     `t_k = (ln(m*_k / eps) - 1) / r_k`; `(times, k)`."""
@@ -135,6 +169,8 @@ def forecast(
     level: float = 0.95,
     n_draws: int = 256,
     steps: int = 100,
+    n_windows: int = 32,
+    shrink: float = 0.15,
     key: PRNGKeyArray | None = None,
 ) -> Forecast:
     r"""Forecast a training curve from its beginning.
@@ -142,9 +178,21 @@ def forecast(
     Fits the power-law mode spectrum with a floor (see the module notes) to the
     observed `(ts, loss)` by least squares in $\log L$ (`fit_spectrum`'s
     starts, each with a few floors, Adam and `optimistix.LevenbergMarquardt`),
-    and continues it to `until`. The band is the central `level` of the
-    model's loss over `n_draws` parameter vectors drawn from the fit's Laplace
-    covariance (the curvature of the misfit, so a poorer fit has a wider band),
+    and continues it to `until`. The band joins three parts, all batched
+    (vmapped, compiled once):
+
+    - the fit's noise: the central `level` of the model over `n_draws`
+      parameter vectors drawn from its Laplace covariance (the curvature of
+      the misfit, so a poorer fit has a wider band);
+    - the window: the central `level` of the forecasts of `n_windows` refits
+      (Levenberg-Marquardt from the optimum) on the prefix with its end cut by
+      up to `shrink` of its span in $\log t$ (a model that is not quite the
+      run's extrapolates differently from less data);
+    - the initial sizes: random initial weights give each mode its own
+      $\epsilon_k$, scattered by about one e-fold, which moves a switch-on by
+      $1/\ln(m^*/\epsilon)$ of its time: the model at $t (1 \pm \delta)$,
+      $\delta = 1/\ln(1/\epsilon)$;
+
     down to the model without its floor, widened by twice the rms misfit in
     $\log L$ and at least 2% (the model's own error). The
     model is differentiable in its parameters (closed-form logistic modes and
@@ -160,6 +208,8 @@ def forecast(
     - `n_points`: points of the forecast, log-spaced from `ts[-1]` to `until`.
     - `level`: the band's coverage, in `(0, 1)`.
     - `n_draws`: parameter draws for the band; `steps`: Adam steps per start.
+    - `n_windows`, `shrink`: refits on shortened prefixes for the band, and
+      the largest fraction of the prefix's span in $\log t$ cut from its end.
     - `key`: PRNG key for the draws (default `key(0)`).
 
     **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
@@ -177,6 +227,11 @@ def forecast(
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"`p` must be a positive int, got {p!r}.")
     n_modes = _check_n_modes(n_modes, int(p))
+    if int(n_windows) < 1 or not 0 <= shrink < 1:
+        raise ValueError(
+            f"`n_windows` must be >= 1 and `shrink` in [0, 1), got {n_windows}, "
+            f"{shrink}."
+        )
     if int(n_points) < 2:
         raise ValueError(f"`n_points` must be >= 2, got {n_points}.")
     grid = np.geomspace(
@@ -208,8 +263,34 @@ def forecast(
     at = jnp.asarray(grid, dtype)
     centre = np.asarray(_log_model(theta, at, int(p), n_modes))
     draws = np.asarray(_draws(theta, cov, key, at, int(p), n_modes, int(n_draws)))
+    # the window: the fit redone on prefixes cut short at their end, their
+    # forecasts' spread joins the draws (a model that is not quite the run's
+    # extrapolates differently from less data; this is what shows it)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+    rows = _shortened(t, use, int(n_windows), float(shrink), rng)
+    windows = np.asarray(
+        _refits(
+            jnp.asarray(t, dtype),
+            jnp.asarray(ly, dtype),
+            jnp.asarray(rows, dtype),
+            theta,
+            at,
+            int(p),
+            n_modes,
+        )
+    )
     tail = (1 - level) / 2
     lo, hi = np.nanquantile(draws, [tail, 1 - tail], axis=0)
+    if np.any(np.isfinite(windows)):
+        w_lo, w_hi = np.nanquantile(windows, [tail, 1 - tail], axis=0)
+        lo, hi = np.fmin(lo, w_lo), np.fmax(hi, w_hi)
+    # each mode's own initial size: random initial weights scatter ln eps_k
+    # by about one e-fold, which moves mode k's switch-on by 1 / ln(m*_k /
+    # eps) of its time; the band holds the model moved by that in time
+    delta = float(np.clip(1.0 / max(-float(theta[2]), 1.0), 0.01, 0.5))
+    for factor in (1 - delta, 1 + delta):
+        moved = np.asarray(_log_model_at(theta, at * factor, int(p), n_modes))
+        lo, hi = np.fmin(lo, moved), np.fmax(hi, moved)
     # a floor below the observed losses is not seen by the prefix: the band
     # reaches down to the spectrum without it
     bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
