@@ -434,6 +434,11 @@ def test_select_model_names_the_shape_and_the_runner_up():
         # the winner fits to the noise (3%, in log L)
         assert chosen.rms[shape] < 0.05, chosen.rms
     assert not nqfjax.select_model(ts, np.full_like(ts, 0.2)).best
+    # a power law cut off exponentially (no candidate has a cutoff): refused,
+    # with the winner's rms, not named
+    cut = nqfjax.select_model(ts, (ts + 1) ** -0.6 * np.exp(-ts / 1e5) * noise)
+    assert not cut.best and cut.reason.startswith("no shape fits"), cut
+    assert min(cut.rms.values()) > 0.1
 
 
 def test_two_mode_curve_is_a_staircase_without_power_law():

@@ -26,7 +26,7 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from .._curves import first_crossing
-from ._least_squares import _host_curve, _least_squares, _nothing_to_fit
+from ._least_squares import _host_curve, _least_squares, _log_noise, _nothing_to_fit
 from .plateaus import detect_plateaus
 from .power_law import _binned, _pad, _starts, fit_power_law
 
@@ -51,7 +51,9 @@ class ModelSelection(eqx.Module):
       the mixed one).
     - `rms`: the rms residual of `log L` of each candidate.
     - `n_modes`: the number of logistic modes of the best model.
-    - `reason`: why nothing was selected (`""` otherwise).
+    - `reason`: why nothing was selected (`""` otherwise): nothing to fit, or
+      no candidate fitting to within `max(3 noise, 0.1)` in `log L` (`scores`
+      and `rms` are then kept for inspection).
     """
 
     best: str = eqx.field(static=True)
@@ -122,7 +124,9 @@ def select_model(
     - `ts`, `loss`: the curve, shape `(T,)`, times increasing `>= 0`.
 
     **Returns:** a `ModelSelection` (`best=""` with a `reason` for a curve with
-    nothing to fit).
+    nothing to fit, or where even the best candidate misses the curve by an
+    rms in $\log L$ above `max(3 noise, 0.1)`, `noise` the scatter of
+    $\log L$ about a smooth curve: the same bar as `fit_spectrum`'s).
 
     **Raises:** `ValueError` for a malformed curve.
     """
@@ -182,7 +186,19 @@ def select_model(
             modes.append(np.arange(_MAX_MODES) < n)
             power.append(1.0)
             names.append(_NAMES[2])
-    return _score(t, y, t_ref, l_ref, thetas, modes, power, names)
+    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names)
+    # a winner that misses the curve far beyond its noise is no answer
+    noise = _log_noise(np.log(y))
+    if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
+        reason = (
+            f"no shape fits: the best, {chosen.best}, misses by an rms of "
+            f"{chosen.rms[chosen.best]:.2g} in log L, above max(3 x its noise "
+            f"{noise:.2g}, 0.1) (a cutoff or a regime the three shapes lack)"
+        )
+        return ModelSelection(
+            "", "", "", "BIC", chosen.scores, chosen.rms, 0, reason=reason
+        )
+    return chosen
 
 
 def _law_start(fit, t_ref, l_ref):
