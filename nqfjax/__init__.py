@@ -5,6 +5,10 @@ The public API is exactly what this module re-exports.
 
 import importlib.metadata
 
+from .analysis.forecast import (
+    Forecast as Forecast,
+    forecast as forecast,
+)
 from .analysis.plateaus import (
     Plateaus as Plateaus,
     detect_plateaus as detect_plateaus,
@@ -12,6 +16,10 @@ from .analysis.plateaus import (
 from .analysis.power_law import (
     PowerLawFit as PowerLawFit,
     fit_power_law as fit_power_law,
+)
+from .analysis.selection import (
+    ModelSelection as ModelSelection,
+    select_model as select_model,
 )
 from .analysis.spectrum import (
     SpectrumFit as SpectrumFit,

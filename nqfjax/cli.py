@@ -85,7 +85,10 @@ Analyse a loss curve of your own: detect its plateaus and drops, fit a power
 law L = L_inf + c (t + t0)^-gamma on an automatically chosen window, and fit
 the power-law spectrum (alpha, beta) of the Lotka-Volterra model of
 independent modes that reproduces it, with the exponents the theory predicts
-from that spectrum.
+from that spectrum. With --forecast-to T, forecast the rest of the curve to
+step T: the fitted mode spectrum continued, with a band, the next switch-on
+times and the final level. A curve with nothing to fit (zero, flat, rising)
+gets a line saying so, not a number.
 
 CSV format: a header line naming the columns, then one row per recorded step;
 blank lines and lines starting with # are ignored, other columns too. The time
@@ -101,7 +104,8 @@ numbers >= 0. At least 10 rows. For example:
 A simulated example: examples/power_law_curve.csv.
 
 outputs (in OUT): fit.json (every fitted number) and fit.png (the curve with
-the plateaus, the power law and its window, and the spectrum model)."""
+the plateaus, the power law and its window, the spectrum model and the
+forecast)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -206,6 +210,14 @@ def _parser() -> argparse.ArgumentParser:
         default="logistic",
         help="how the spectrum model's modes are computed: the closed-form "
         "logistic curve (default, fast) or the ODE solver solve_lv (slow)",
+    )
+    fit.add_argument(
+        "--forecast-to",
+        metavar="T",
+        type=float,
+        help="forecast the curve to step T (after its last): the fitted mode "
+        "spectrum continued, with a band, the next switch-on times and the "
+        "final level",
     )
     fit.add_argument(
         "--no-spectrum",
@@ -317,9 +329,18 @@ def _fit(args) -> None:
         modes=None if args.no_spectrum else args.modes,
         total_modes=args.total_modes,
         spectrum_method=args.spectrum_method,
+        forecast_to=args.forecast_to,
         progress=not args.quiet,
     )
     print(f"nqfjax fit: {summary['n_points']} points from {args.curve}")
+    model = summary["model"]
+    if "error" in model or "reason" in model:
+        print(f"  shape:     {model.get('error') or model['reason']}")
+    else:
+        print(
+            f"  shape:     {model['best']} (by {model['criterion']}; runner-up "
+            f"{model['runner_up'] or 'none'}: {model['why'] or '-'})"
+        )
     pl = summary["plateaus"]
     print("  plateaus:  " + (pl.get("error") or pl.get("reason") or str(pl["count"])))
     law = summary["power_law"]
@@ -339,6 +360,16 @@ def _fit(args) -> None:
             f"  spectrum:  alpha = {_fmt(spec['alpha'])}, beta = {_fmt(spec['beta'])};"
             f" predicted gamma = {_fmt(spec['gamma_rich'])} (rich), "
             f"{_fmt(spec['gamma_lazy'])} (lazy)"
+        )
+    fc = summary.get("forecast")
+    if fc is not None and ("error" in fc or "reason" in fc):
+        print(f"  forecast:  {fc.get('error') or fc['reason']}")
+    elif fc is not None:
+        lo, hi = fc["final_band"]
+        nxt = ", ".join(f"{t:.4g}" for t in fc["next_switch_on_times"]) or "none"
+        print(
+            f"  forecast:  loss {_fmt(fc['final_level'])} (band {lo:.3g} to "
+            f"{hi:.3g}) at t = {fc['until']:.4g}; next switch-ons at t = {nxt}"
         )
     for name in ("summary", "figure"):
         print(f"  {name + ':':9s}{summary['files'][name]}")

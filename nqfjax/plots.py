@@ -534,7 +534,8 @@ def plot_curve_analysis(
     - `curves`: what was found, as `analyse_curve` collects it: optional entries
       `plateaus` (with `start`, `end`, `level` and `drop_times`),
       `power_law_curve` (`(t, fitted loss)` over the fitting window) and
-      `spectrum_curve` (the spectrum model's loss at `ts`).
+      `spectrum_curve` (the spectrum model's loss at `ts`) and `forecast` (a
+      `Forecast`, drawn by `plot_forecast`).
     - `summary`: the summary of `analyse_curve`, for the window and the fitted
       numbers (`summary["power_law"]["window"]`, `["gamma"]`;
       `summary["spectrum"]["alpha"]`, `["beta"]`).
@@ -585,6 +586,8 @@ def plot_curve_analysis(
         resid.semilogx(
             ts[keep], np.log(loss[keep] / model[keep]), "C2:", label="data / spectrum"
         )
+    if "forecast" in curves:
+        plot_forecast(curves["forecast"], ax=ax)
     resid.axhline(0.0, color="k", lw=0.8)
     ax.set_ylabel("loss")
     ax.set_title("Loss curve analysis")
@@ -595,6 +598,54 @@ def plot_curve_analysis(
     if resid.lines[:-1]:
         resid.legend(fontsize=7)
     return fig
+
+
+def plot_forecast(fc, ts=None, loss=None, truth=None, *, ax=None):
+    """A `Forecast` on log-log axes: the forecast loss, its band and the next
+    switch-on times; optionally the observed prefix `(ts, loss)` and the true
+    continuation `truth = (t, loss)` to compare with.
+
+    **Arguments:**
+
+    - `fc`: the `Forecast`.
+    - `ts`, `loss`: the observed prefix, shape `(T,)` (optional).
+    - `truth`: `(t, loss)`, the curve actually run (optional).
+    - `ax`: an axes to draw into (default: a new figure).
+
+    **Returns:** the figure drawn into.
+    """
+    if ax is None:
+        fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+        ax = fig.subplots()
+        ax.set_xlabel("t (steps)")
+        ax.set_ylabel("loss")
+        ax.set_title("Forecast")
+    if ts is not None:
+        ax.loglog(
+            *_positive(np.asarray(ts), np.asarray(loss)),
+            "k-",
+            lw=2.2,
+            alpha=0.7,
+            label="observed",
+        )
+    if truth is not None:
+        ax.loglog(*_positive(*map(np.asarray, truth)), "k:", lw=1.4, label="truth")
+    if fc.found:
+        ft = np.asarray(fc.ts)
+        ax.fill_between(
+            ft,
+            np.asarray(fc.lower),
+            np.asarray(fc.upper),
+            color="C3",
+            alpha=0.15,
+            label="forecast band",
+        )
+        ax.loglog(ft, np.asarray(fc.loss), "C3-", lw=1.2, label="forecast")
+        for i, t_on in enumerate(np.asarray(fc.switch_on_times)):
+            label = "next switch-ons" if i == 0 else None
+            ax.axvline(t_on, color="C3", lw=0.8, ls="--", label=label)
+    ax.legend(fontsize=8)
+    return ax.figure
 
 
 def _plateaus(ax, pl):

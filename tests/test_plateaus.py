@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.optimize
 
 import nqfjax
 
@@ -283,3 +284,48 @@ def test_detect_plateaus_gd_and_sgd(quadratic_runs):
     # a loss drop's middle and a mode's half-way point differ by O(1/r) steps
     # against t ~ 10^3 (measured: up to 3.3%, the first drop): 5%
     np.testing.assert_allclose(found.drop_times, t_on[modes], rtol=0.05)
+
+
+# ---------------------------------------------------------------------------
+# The two-mode curve of the issue: a middle plateau between two switch-ons
+# ---------------------------------------------------------------------------
+
+
+def _two_modes(ts):
+    """Two isolated logistic modes in linear time (switching on at t = 500 and
+    1300, `r t_k = 13.8`), a floor of 0.01: plateaus at 0.5, 0.12 (for t in
+    about [800, 1200], tilted in log-log by the second mode's shoulder) and
+    0.01."""
+    g1 = 1 / (1 + np.exp(0.0276 * (ts - 500)))
+    g2 = 1 / (1 + np.exp(0.0106 * (ts - 1300)))
+    return 0.01 + 0.38 * g1**2 + 0.11 * g2**2
+
+
+@pytest.mark.parametrize("sampling", ["every_10_steps", "log_spaced"])
+def test_two_mode_curve_middle_plateau(sampling):
+    ts = np.arange(10.0, 5001, 10) if sampling == "every_10_steps" else None
+    ts = np.geomspace(1, 5000, 300) if ts is None else ts
+    rng = np.random.default_rng(0)
+    loss = _two_modes(ts) * np.exp(0.03 * rng.standard_normal(ts.size))  # 3% noise
+    found = nqfjax.detect_plateaus(ts, loss)
+    # all three plateaus (the middle one was missed: 2 plateaus, 1 drop)
+    assert len(found) == 3
+    # medians of 3%-noise samples, the middle one tilted by ~5% over its span
+    np.testing.assert_allclose(found.level, [0.5, 0.115, 0.01], rtol=0.06)
+    assert found.start[1] < 800 and found.end[1] > 950
+    # the drops' times: where the clean curve crosses the middle of each drop,
+    # within 3 of their standard errors (and those errors are a few percent)
+    mids = [
+        scipy.optimize.brentq(lambda t: _two_modes(np.array([t]))[0] - level, a, b)
+        for level, a, b in ((0.31, 10, 900), (0.065, 900, 5000))
+    ]
+    err = np.asarray(found.drop_times_err)
+    assert np.all(np.abs(np.asarray(found.drop_times) - mids) < 3 * err), (
+        found.drop_times,
+        mids,
+        err,
+    )
+    assert np.all(err < 0.03 * np.asarray(found.drop_times))
+    # the drops' depths and their errors
+    np.testing.assert_allclose(found.drop, [0.38, 0.11], rtol=0.08)
+    assert np.all(np.asarray(found.drop_err) < 0.05 * np.asarray(found.drop))

@@ -30,9 +30,11 @@ def test_readme_tour_runs_and_agrees():
     assert half(namespace["res"].loss) == half(namespace["M"].loss)
     assert half(namespace["M"].loss) == half(namespace["m"].loss)
     # the refined sharp-switch sum explains the fitted exponent on the same window
-    # (measured 0.7033 against 0.7045; 0.5% leaves room for the fit's optimiser)
+    # (measured 0.6771 against 0.6739 in float32, 0.5%: both fits' floors come
+    # out slightly negative where the 2000 modes run out; 0.75% leaves room for
+    # the optimiser, and stays below the fit's 1.1% distance to 2/3)
     np.testing.assert_allclose(
-        float(namespace["sharp"].gamma), float(namespace["fit"].gamma), rtol=5e-3
+        float(namespace["sharp"].gamma), float(namespace["fit"].gamma), rtol=7.5e-3
     )
     # the power law's fitted exponent is within 10% of (alpha+2beta-1)/(alpha+beta)
     # (without the modes beyond p=2000 the late curve steepens a little)

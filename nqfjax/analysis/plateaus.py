@@ -96,7 +96,8 @@ def detect_plateaus(
     Works in log-log coordinates, where the plateaus of a staircase are flat and
     equally resolved at every time scale:
 
-    1. a robust local level $y = \ln\max(L, \text{floor})$: around each of
+    1. a robust local level $y = \ln\max(L, \text{floor})$ (in effect a
+       log-binning, for records of every step): around each of
        `n_grid` points in $\log_{10} t$, the median of the samples within
        `smooth` decades, or of the `min_samples` nearest where the samples are
        sparser (any spacing works: log-spaced, or every SGD step, which is
@@ -115,8 +116,12 @@ def detect_plateaus(
        averaged over `min_length` decades is below `2 slope_tol`, and where the
        spike-robust least-squares slope of the raw samples (from the first to
        the last core point) is below `slope_tol` to within one standard error
-       and known to better than `slope_tol / 2`. Its level is the median of
-       those samples. A curve without any drop is one plateau if its fitted
+       and known to better than `slope_tol / 2`; between two drops, also where
+       that slope plus its error is below a quarter of both drops' mean
+       steepness (a tilted or short plateau between two switch-ons; a power
+       law's wiggles are as steep as the curve between them). Its level is the
+       median of those samples, with its standard error. A curve without any
+       drop is one plateau if its fitted
        log-log slope is below `slope_tol`, else it has none (a power law
        $t^{-\gamma}$ with `slope_tol` $< \gamma$);
     5. neighbouring plateaus whose levels differ by less than a fraction
@@ -181,7 +186,6 @@ def detect_plateaus(
         y,
         calm,
         slope_tol,
-        drop_slope,
         min_length,
         min_drop,
     )
@@ -331,9 +335,7 @@ class _Found(NamedTuple):
     level_err: float
 
 
-def _flat_stretches(
-    u, y_raw, floored, grid, y, calm, slope_tol, drop_slope, min_length, min_drop
-):
+def _flat_stretches(u, y_raw, floored, grid, y, calm, slope_tol, min_length, min_drop):
     """Steps 4-5: the calm stretches with a flat core (`_Found`: grid indices,
     the median loss and its standard error), neighbours at the same level
     merged.
@@ -342,21 +344,22 @@ def _flat_stretches(
     the slope averaged over `min_length` decades is below `2 tol`, and the
     spike-robust least-squares log-log slope of the raw samples of that core is
     below `tol` to within one standard error and known to better than
-    `tol / 2` (a noise dip of a power law fails this). `tol` is `slope_tol`,
-    except between two sharp drops (steeper than `3 drop_slope`), where it is
-    the larger of `slope_tol` and a fifth of the shallower drop's steepest
-    slope: a logistic switch-on in
-    linear time leaves a shoulder in log-log (the next mode's loss starts to
-    fall before the plateau is flat), which a reader still marks as a plateau.
-    Without any drop there is no staircase: the whole curve is one plateau if
-    its fitted log-log slope is flat, else there is none (a power law)."""
+    `tol / 2` (a noise dip of a power law fails this), `tol` being
+    `slope_tol`. Between two drops, a stretch is also a plateau where its slope
+    plus its error is below a quarter of both drops' mean steepness (the level
+    change over the log-time of the drop): a logistic switch-on in linear time
+    leaves a shoulder in log-log (the next mode's loss starts to fall before
+    the plateau is flat), and a short plateau has few samples, yet a reader
+    marks both; the wiggles of a power law are as steep as the curve between
+    them and fail this. Without any drop there is no staircase: the whole
+    curve is one plateau if its fitted log-log slope is flat, else there is
+    none (a power law)."""
     n_grid = grid.size
     du = grid[1] - grid[0]
     half = max(1, int(round(0.5 * min_length / du)))
     ahead = np.minimum(np.arange(n_grid) + half, n_grid - 1)
     behind = np.maximum(np.arange(n_grid) - half, 0)
     mean_slope = (y[ahead] - y[behind]) / ((grid[ahead] - grid[behind]) * np.log(10))
-    steepness = np.abs(np.gradient(y, grid)) / np.log(10)
     drops = _runs(~calm)
     stretches = _runs(calm)
     if calm.all():
@@ -366,13 +369,16 @@ def _flat_stretches(
     for a, b in stretches:
         if grid[b] - grid[a] < min_length:
             continue
-        tol = slope_tol
-        if 0 < a and b < n_grid - 1:  # between two drops
-            before = max(steepness[c : d + 1].max() for c, d in drops if d < a)
-            after = max(steepness[c : d + 1].max() for c, d in drops if c > b)
-            sharp = min(before, after)
-            if sharp > 3 * drop_slope:  # switch-ons, not the wiggles of a power law
-                tol = max(slope_tol, 0.2 * sharp)
+        # between two drops, a stretch much flatter than both is a plateau even
+        # if tilted (a logistic switch-on in linear time leaves a shoulder in
+        # log-log) or short: a quarter of the drops' mean steepness
+        shoulder = 0.0
+        if 0 < a and b < n_grid - 1:
+            shoulder = 0.25 * min(
+                _mean_steepness(grid, y, *max(r for r in drops if r[1] < a)),
+                _mean_steepness(grid, y, *min(r for r in drops if r[0] > b)),
+            )
+        tol = max(slope_tol, shoulder)
         core = np.flatnonzero(np.abs(mean_slope[a : b + 1]) < 2 * tol)
         if core.size == 0:
             continue
@@ -382,7 +388,8 @@ def _flat_stretches(
         hi = grid[a + core[-1]] + du / 2 if b < n_grid - 1 else u[-1]
         inside = (u >= lo) & (u <= hi)
         fit, fit_err = _robust_slope(u[inside] * np.log(10), y_raw[inside])
-        if not (abs(fit) < tol + fit_err and 2 * fit_err < tol):
+        flat = abs(fit) < slope_tol + fit_err and 2 * fit_err < slope_tol
+        if not (flat or abs(fit) + fit_err < shoulder):
             continue
         samples = np.log(floored[inside])
         level = float(np.exp(np.median(samples)))
@@ -394,6 +401,13 @@ def _flat_stretches(
         else:
             found.append(_Found(a, b, level, level_err))
     return found
+
+
+def _mean_steepness(grid, y, a, b):
+    """`|d ln L / d ln t|` averaged over the run `a..b` of the grid (with its
+    neighbours): the level change over the log-time the run takes."""
+    before, after = max(a - 1, 0), min(b + 1, grid.size - 1)
+    return abs(y[after] - y[before]) / ((grid[after] - grid[before]) * np.log(10))
 
 
 def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """A user's own loss curve (`nqfjax fit`): read it from CSV (`read_curve_csv`),
-find its plateaus, power law and spectrum (`analyse_curve`), and write a summary
-and a figure (`fit_curve_file`)."""
+find its plateaus, power law and spectrum and forecast its continuation
+(`analyse_curve`), and write a summary and a figure (`fit_curve_file`)."""
 
 import csv
 import io
@@ -13,8 +13,10 @@ import jax
 import numpy as np
 
 from .. import plots
+from ..analysis.forecast import forecast
 from ..analysis.plateaus import detect_plateaus
 from ..analysis.power_law import fit_power_law
+from ..analysis.selection import select_model
 from ..analysis.spectrum import fit_spectrum
 from ..io import jsonable, versions, write_figure, write_json
 from ..theory.power_law import power_law_exponent
@@ -37,8 +39,7 @@ class Curve(NamedTuple):
 #: Header names recognised as the time column, in order of preference.
 TIME_COLUMNS = ("t", "time", "step")
 
-
-TIME_COLUMNS = ("t", "time", "step")
+#: The fewest rows a curve may have.
 MIN_POINTS = 10
 
 
@@ -189,6 +190,119 @@ def _check_options(modes, total_modes, spectrum_method) -> int | float:
     return int(total_modes)
 
 
+def _plateaus(ts, loss, **_):
+    pos = ts > 0
+    pl = detect_plateaus(ts[pos], loss[pos])
+    entry = {
+        "count": len(pl),
+        "start": pl.start,
+        "end": pl.end,
+        "level": pl.level,
+        "level_err": pl.level_err,
+        "drop": pl.drop,
+        "drop_err": pl.drop_err,
+        "drop_times": pl.drop_times,
+        "drop_times_err": pl.drop_times_err,
+    }
+    if not len(pl):
+        entry["reason"] = pl.reason
+    return entry, pl
+
+
+def _power_law(ts, loss, **_):
+    fit = fit_power_law(ts, loss)
+    if not fit.found:
+        return {"found": False, "reason": fit.reason}, None
+    lo, hi = fit.window
+    tt = np.geomspace(max(lo, ts[ts > 0][0]), hi, 100)
+    entry = {
+        "gamma": float(fit.gamma),
+        "gamma_err": float(fit.gamma_err),
+        "uncertainty": fit.uncertainty,
+        "L_inf": float(fit.L_inf),
+        "c": float(fit.c),
+        "t0": float(fit.t0),
+        "window": list(fit.window),
+        "n_points": fit.n_points,
+        "rms_log": float(fit.rms),
+    }
+    return entry, (tt, np.asarray(fit(tt)))
+
+
+def _spectrum(ts, loss, *, modes, total_modes, spectrum_method, **_):
+    spec = fit_spectrum(ts, loss, p=modes, n_modes=total_modes, method=spectrum_method)
+    if not spec.found:
+        return {"found": False, "reason": spec.reason}, None
+    a, b = float(spec.alpha), float(spec.beta)
+    try:
+        lazy = power_law_exponent(a, b, "lazy")
+    except ValueError:
+        lazy = float("nan")
+    entry = {
+        "alpha": a,
+        "beta": b,
+        "alpha_err": float(spec.alpha_err),
+        "beta_err": float(spec.beta_err),
+        "eps": float(spec.eps),
+        "rate": float(spec.rate),
+        "amplitude": float(spec.amplitude),
+        "gamma_rich": float(spec.gamma),
+        "gamma_lazy": lazy,
+        "modes": spec.p,
+        "method": spec.method,
+        "rms_log": float(spec.rms),
+    }
+    return entry, np.asarray(spec.loss(ts))
+
+
+def _forecast(ts, loss, *, forecast_to, modes, total_modes, **_):
+    p = modes if modes is not None else int(min(100, total_modes))
+    fc = forecast(ts, loss, forecast_to, p=p, n_modes=total_modes)
+    if not fc.found:
+        return {"found": False, "reason": fc.reason}, None
+    entry = {
+        "until": forecast_to,
+        "observed_until": fc.observed_until,
+        "ts": fc.ts,
+        "loss": fc.loss,
+        "lower": fc.lower,
+        "upper": fc.upper,
+        "next_switch_on_times": fc.switch_on_times,
+        "next_switch_on_modes": fc.switch_on_modes,
+        "final_level": float(fc.final_level),
+        "final_band": [float(fc.final_lower), float(fc.final_upper)],
+        "floor": float(fc.floor),
+        "alpha": float(fc.alpha),
+        "beta": float(fc.beta),
+        "rms_log": float(fc.rms),
+    }
+    return entry, fc
+
+
+def _model(ts, loss, **_):
+    chosen = select_model(ts, loss)
+    if not chosen.best:
+        return {"found": False, "reason": chosen.reason}, None
+    entry = {
+        "best": chosen.best,
+        "runner_up": chosen.runner_up,
+        "why": chosen.why,
+        "criterion": chosen.criterion,
+        "scores": chosen.scores,
+        "rms_log": chosen.rms,
+    }
+    return entry, None
+
+
+_STEPS = {
+    "model": _model,
+    "plateaus": _plateaus,
+    "power_law": _power_law,
+    "spectrum": _spectrum,
+    "forecast": _forecast,
+}
+
+
 def analyse_curve(
     ts,
     loss,
@@ -196,25 +310,31 @@ def analyse_curve(
     modes: int | None = 200,
     total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
+    forecast_to: float | None = None,
     progress: bool = False,
 ):
-    r"""Plateaus, power law and spectrum of one loss curve.
+    r"""Plateaus, power law, spectrum and forecast of one loss curve.
 
-    Three analyses, each of which may fail on its own (its entry of the summary
-    is then `{"error": message}`) or find nothing (a loss that is zero, flat or
-    rising has no power law or spectrum, a refused spectrum fit has none: the
-    entry is then `{"found": false, "reason": message}`; no plateau: a count of
-    0 and its `reason`):
+    Up to five analyses, each of which may fail on its own (its entry of the
+    summary is then `{"error": message}`) or find nothing (a loss that is zero,
+    flat or rising has no power law, spectrum or forecast, and a refused
+    spectrum fit has none: the entry is then `{"found": false, "reason":
+    message}`; no plateau: a count of 0 and its `reason`):
 
+    - `model`: `select_model`, the curve's shape (a staircase, a power law, or a
+      staircase turning into one) by BIC, with the runner-up and why it lost;
     - `plateaus`: `detect_plateaus` on the points with `t > 0`: start, end and
-      level of each plateau and the times of the drops between them;
+      level of each plateau, the size and time of the drops between them, and
+      their standard errors;
     - `power_law`: `fit_power_law`, $L = L_\infty + c\,(t + t_0)^{-\gamma}$ on
-      an automatically chosen window;
+      an automatically chosen window, with its systematic uncertainty;
     - `spectrum`: `fit_spectrum` with `modes` independent modes: the spectral
       exponents `alpha`, `beta` of the power-law Lotka-Volterra model that
       reproduces the curve, and the exponents the theory predicts from them
       (`gamma_rich`, `gamma_lazy`) to compare with the fitted `gamma`. Skipped
-      with `modes=None`.
+      with `modes=None`;
+    - `forecast` (with `forecast_to`): `forecast` to that time, its band, the
+      next switch-on times and the final level.
 
     The fits run in float64 whatever the global `jax_enable_x64` setting.
 
@@ -227,100 +347,71 @@ def analyse_curve(
       `n_modes`; default `inf`, an unbounded power-law spectrum).
     - `spectrum_method`: `"logistic"` (closed form, fast) or `"solve_lv"`
       (through the ODE solver, slow).
-    - `progress`: show a progress bar over the three analyses.
+    - `forecast_to`: forecast the curve to this time (after its last one).
+    - `progress`: show a progress bar over the analyses.
 
     **Returns:** `(summary, figure)`: a JSON-able dict and a
     `matplotlib.figure.Figure` (the curve on log-log axes with the plateaus, the
-    fitted power law and its window, and the fitted spectrum model).
+    fitted power law and its window, the fitted spectrum model and the
+    forecast with its band).
+
+    **Raises:** `ValueError` for a bad option (before any work).
     """
     from tqdm import tqdm
 
     total_modes = _check_options(modes, total_modes, spectrum_method)
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)
+    _check_forecast_to(forecast_to, ts)
     summary: dict[str, Any] = {
         "n_points": int(ts.size),
         "t_range": [float(ts[0]), float(ts[-1])],
         "loss_range": [float(loss.min()), float(loss.max())],
     }
+    names = ["model", "plateaus", "power_law"]
+    names += [] if modes is None else ["spectrum"]
+    names += [] if forecast_to is None else ["forecast"]
+    options = dict(
+        modes=modes,
+        total_modes=total_modes,
+        spectrum_method=spectrum_method,
+        forecast_to=forecast_to,
+    )
     curves: dict[str, Any] = {}
-    tasks = ["plateaus", "power_law"] + ([] if modes is None else ["spectrum"])
-    bar = tqdm(tasks, desc="fit", unit="step", disable=not progress)
+    bar = tqdm(names, desc="fit", unit="step", disable=not progress)
     with jax.enable_x64(True):
         for name in bar:
             bar.set_postfix_str(name)
             try:
-                if name == "plateaus":
-                    pos = ts > 0
-                    pl = detect_plateaus(ts[pos], loss[pos])
-                    curves["plateaus"] = pl
-                    summary[name] = {
-                        "count": len(pl),
-                        "start": pl.start,
-                        "end": pl.end,
-                        "level": pl.level,
-                        "drop_times": pl.drop_times,
-                    }
-                    if not len(pl):
-                        summary[name]["reason"] = pl.reason
-                elif name == "power_law":
-                    fit = fit_power_law(ts, loss)
-                    if not fit.found:
-                        summary[name] = {"found": False, "reason": fit.reason}
-                        continue
-                    curves["power_law"] = fit
-                    summary[name] = {
-                        "gamma": float(fit.gamma),
-                        "gamma_err": float(fit.gamma_err),
-                        "L_inf": float(fit.L_inf),
-                        "c": float(fit.c),
-                        "t0": float(fit.t0),
-                        "window": list(fit.window),
-                        "n_points": fit.n_points,
-                        "rms_log": float(fit.rms),
-                    }
-                else:
-                    spec = fit_spectrum(
-                        ts,
-                        loss,
-                        p=modes,
-                        n_modes=total_modes,
-                        method=spectrum_method,
-                    )
-                    if not spec.found:
-                        summary[name] = {"found": False, "reason": spec.reason}
-                        continue
-                    curves["spectrum"] = spec
-                    a, b = float(spec.alpha), float(spec.beta)
-                    try:
-                        lazy = power_law_exponent(a, b, "lazy")
-                    except ValueError:
-                        lazy = float("nan")
-                    summary[name] = {
-                        "alpha": a,
-                        "beta": b,
-                        "alpha_err": float(spec.alpha_err),
-                        "beta_err": float(spec.beta_err),
-                        "eps": float(spec.eps),
-                        "rate": float(spec.rate),
-                        "amplitude": float(spec.amplitude),
-                        "gamma_rich": float(spec.gamma),
-                        "gamma_lazy": lazy,
-                        "modes": spec.p,
-                        "method": spec.method,
-                        "rms_log": float(spec.rms),
-                    }
+                summary[name], drawn = _STEPS[name](ts, loss, **options)
             except (ValueError, RuntimeError) as e:  # a failed fit, reported
-                summary[name] = {"error": " ".join(str(e).split())}
-        # the fitted curves, evaluated in float64 too
-        if "power_law" in curves:
-            lo, hi = curves["power_law"].window
-            tt = np.geomspace(max(lo, ts[ts > 0][0]), hi, 100)
-            curves["power_law_curve"] = (tt, np.asarray(curves["power_law"](tt)))
-        if "spectrum" in curves:
-            curves["spectrum_curve"] = np.asarray(curves["spectrum"].loss(ts))
+                summary[name], drawn = {"error": " ".join(str(e).split())}, None
+            if drawn is not None:
+                curves[name] = drawn
     bar.close()
+    # the figure's names for the fitted curves
+    for name in ("power_law", "spectrum"):
+        if name in curves:
+            curves[name + "_curve"] = curves.pop(name)
     return jsonable(summary), plots.plot_curve_analysis(ts, loss, curves, summary)
+
+
+def _check_forecast_to(forecast_to, ts=None) -> None:
+    if forecast_to is None:
+        return
+    ok = not isinstance(forecast_to, bool) and isinstance(
+        forecast_to, (int, float, np.integer, np.floating)
+    )
+    if not (ok and np.isfinite(forecast_to) and forecast_to > 0):
+        raise ValueError(
+            "`forecast_to` (--forecast-to) must be a finite time > 0, got "
+            f"{forecast_to!r}."
+        )
+    if ts is not None and not forecast_to > ts[-1]:
+        raise ValueError(
+            f"`forecast_to` (--forecast-to) must be after the curve's last time "
+            f"{ts[-1]:g}, got {forecast_to:g}."
+        )
 
 
 def fit_curve_file(
@@ -332,6 +423,7 @@ def fit_curve_file(
     modes: int | None = 200,
     total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
+    forecast_to: float | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Read a loss curve from CSV (`read_curve_csv`), analyse it
@@ -342,15 +434,18 @@ def fit_curve_file(
 
     - `path`: the CSV file; `time_column`, `loss_column`: as `read_curve_csv`.
     - `out_dir`: the output directory (created if needed).
-    - `modes`, `total_modes`, `spectrum_method`, `progress`: as `analyse_curve`.
+    - `modes`, `total_modes`, `spectrum_method`, `forecast_to`, `progress`: as
+      `analyse_curve`.
 
     **Returns:** the summary (the content of `fit.json`), with `files` mapping
     `summary` and `figure` to their paths.
 
     **Raises:** `ValueError` from `read_curve_csv`, or for a bad `modes`,
-    `total_modes` or `spectrum_method` (before the file is read).
+    `total_modes`, `spectrum_method` or `forecast_to` (before the file is read,
+    or, for a `forecast_to` before the curve's end, before any analysis).
     """
     total_modes = _check_options(modes, total_modes, spectrum_method)
+    _check_forecast_to(forecast_to)
     curve = read_curve_csv(path, time_column=time_column, loss_column=loss_column)
     summary, fig = analyse_curve(
         curve.ts,
@@ -358,6 +453,7 @@ def fit_curve_file(
         modes=modes,
         total_modes=total_modes,
         spectrum_method=spectrum_method,
+        forecast_to=forecast_to,
         progress=progress,
     )
     files = {"summary": "fit.json", "figure": "fit.png"}

@@ -1,0 +1,346 @@
+r"""The rest of a training curve, from its beginning (`forecast`): the power-law
+mode spectrum of `fit_spectrum` with a floor, fitted to the observed prefix and
+continued, with a band from the fit's uncertainty, the times at which the next
+modes switch on, and the level the loss ends at.
+
+The model is `SpectrumFit`'s (modes $\lambda_k = k^{-\alpha}$, targets
+$m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all from
+$\epsilon$, amplitude $A$; the modes beyond `p` as a continuum) plus a floor
+$L_\infty$ (the loss no mode removes):
+$L(t) = L_\infty + A \sum_k \tfrac12 \lambda_k (m^*_k - m_k(t))^2$. Mode `k`
+switches on at $t_k = (\ln(m^*_k / \epsilon) - 1) / r_k$. A prefix that
+resolves a few switch-ons fixes the exponents (the heights and times of the
+drops scale as $k^{-(\alpha + 2\beta)}$ and $k^{\alpha + \beta}$), and with
+them every later switch-on and the power law the merged modes make."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ._least_squares import (
+    _host_curve,
+    _laplace_cov,
+    _least_squares,
+    _nothing_to_fit,
+)
+from .spectrum import _check_n_modes, _default_starts, _spectrum_log_loss
+
+
+#: The model's own error in `log L` that the band always allows for: the
+#: continuum of modes beyond `p` is accurate to about 1% (`fit_spectrum`).
+_MODEL_ERROR = 0.02
+
+
+class Forecast(eqx.Module):
+    r"""A training curve's continuation (`forecast`).
+
+    **Fields:**
+
+    - `ts`: the times of the forecast, shape `(F,)`, log-spaced from the end of
+      the observed prefix to `until`.
+    - `loss`: the forecast loss at `ts` (the fitted model), shape `(F,)`.
+    - `lower`, `upper`: the band, shape `(F,)`: the central `level` (default
+      95%) of the models drawn from the fit's covariance and of the fits to
+      shortened prefixes, the model moved in time by one e-fold of each
+      mode's initial size, reaching down to the model without its floor (a
+      floor below the observed losses is not seen), widened by twice the
+      fit's rms misfit in `log L` (at least 2%, the model's own error).
+    - `switch_on_times`: when the next modes switch on (those after the
+      prefix, up to `until`), shape `(S,)` (at most 5); `switch_on_modes`: their
+      indices `k` (1-based).
+    - `final_level`, `final_lower`, `final_upper`: the loss at `until`, and its
+      band.
+    - `floor`: the fitted floor $L_\infty$.
+    - `alpha`, `beta`, `eps`, `rate`, `amplitude`: the fitted spectrum (as in
+      `SpectrumFit`).
+    - `observed_until`: the last observed time; `rms`: the rms misfit of
+      `log L` on the prefix.
+    - `found`, `reason`: whether there was anything to forecast from (a flat,
+      zero or rising prefix has nothing; the numbers are then NaN).
+    """
+
+    ts: Float[Array, " F"]
+    loss: Float[Array, " F"]
+    lower: Float[Array, " F"]
+    upper: Float[Array, " F"]
+    switch_on_times: Float[Array, " S"]
+    switch_on_modes: Array
+    final_level: Float[Array, ""]
+    final_lower: Float[Array, ""]
+    final_upper: Float[Array, ""]
+    floor: Float[Array, ""]
+    alpha: Float[Array, ""]
+    beta: Float[Array, ""]
+    eps: Float[Array, ""]
+    rate: Float[Array, ""]
+    amplitude: Float[Array, ""]
+    observed_until: float = eqx.field(static=True)
+    rms: Float[Array, ""]
+    found: bool = eqx.field(static=True, default=True)
+    reason: str = eqx.field(static=True, default="")
+
+
+def _log_model(theta, ts, p: int, n_modes):
+    """`log L(ts)` at `theta = (alpha, beta, log eps, log rate, log A, log
+    L_inf)`: the spectrum (closed-form logistic modes) plus the floor."""
+    spectrum = _spectrum_log_loss(theta[:5], ts, p, "logistic", None, n_modes)
+    return jnp.logaddexp(theta[5], spectrum)
+
+
+_log_model_at = eqx.filter_jit(_log_model)
+
+
+@eqx.filter_jit
+def _fit(ts, y, weights, starts, p: int, n_modes, steps: int):
+    """Fit from every start (vmapped) and keep the best: `(theta, cov, rms)`."""
+
+    def residual(theta):
+        return _log_model(theta, ts, p, n_modes) - y
+
+    fits = jax.vmap(
+        lambda th: _least_squares(residual, weights, 0.1, th, steps, 30, 0.03)
+    )(starts)
+    best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
+    rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
+    return best.theta, _laplace_cov(best, weights), rms
+
+
+@eqx.filter_jit
+def _draws(theta, cov, key, ts, p: int, n_modes, n_draws: int):
+    """`log L(ts)` of `n_draws` parameter vectors drawn from `N(theta, cov)`,
+    shape `(n_draws, F)`."""
+    evals, evecs = jnp.linalg.eigh(cov)
+    root = evecs * jnp.sqrt(jnp.maximum(evals, 0.0))[None, :]
+    z = jax.random.normal(key, (n_draws, theta.shape[0]), theta.dtype)
+    thetas = theta[None, :] + z @ root.T
+    return jax.vmap(lambda th: _log_model(th, ts, p, n_modes))(thetas)
+
+
+@eqx.filter_jit
+def _refits(ts, y, weights, theta, at, p: int, n_modes):
+    """The fit redone (Levenberg-Marquardt from `theta`) for each row of
+    `weights` (shape `(W, T)`: shortened prefixes), vmapped; `log L(at)` of
+    each, shape `(W, F)` (NaN where a refit failed)."""
+
+    def one(w):
+        def residual(th):
+            return _log_model(th, ts, p, n_modes) - y
+
+        best = _least_squares(residual, w, 0.1, theta, 0, 30, 0.03)
+        curve = _log_model(best.theta, at, p, n_modes)
+        return jnp.where(jnp.isfinite(best.value), curve, jnp.nan)
+
+    return jax.vmap(one)(weights)
+
+
+def _shortened(t, use, n_windows, shrink, rng):
+    """`n_windows` weight rows: the prefix with its end cut by a uniform fraction
+    in `[0, shrink)` of its span in `log t` (and its start by a tenth of that),
+    each keeping at least 8 points."""
+    lt = np.log(np.maximum(t, t[t > 0][0] if np.any(t > 0) else 1.0))
+    span = lt[-1] - lt[0]
+    hi = lt[-1] - rng.uniform(0, shrink, (n_windows, 1)) * span
+    lo = lt[0] + rng.uniform(0, 0.1 * shrink, (n_windows, 1)) * span
+    rows = (lt >= lo) & (lt <= hi) & use
+    rows[rows.sum(1) < 8] = use
+    return rows.astype(float)
+
+
+def _switch_ons(theta, after: float, until: float, p: int, n_next: int = 5):
+    """The first `n_next` modes `k <= p` switching on in `(after, until]`:
+    `t_k = (ln(m*_k / eps) - 1) / r_k`; `(times, k)`."""
+    alpha, beta, log_eps, log_rate = (float(x) for x in theta[:4])
+    k = np.arange(1, p + 1, dtype=np.float64)
+    t_k = (-beta * np.log(k) - log_eps - 1) / (np.exp(log_rate) * k ** -(alpha + beta))
+    due = np.flatnonzero((t_k > after) & (t_k <= until))[:n_next]
+    return t_k[due], (due + 1).astype(np.int32)
+
+
+def forecast(
+    ts: Float[ArrayLike, " T"],
+    loss: Float[ArrayLike, " T"],
+    until: float,
+    *,
+    p: int = 100,
+    n_modes: int | float = float("inf"),
+    n_points: int = 100,
+    level: float = 0.95,
+    n_draws: int = 256,
+    steps: int = 100,
+    n_windows: int = 32,
+    shrink: float = 0.15,
+    key: PRNGKeyArray | None = None,
+) -> Forecast:
+    r"""Forecast a training curve from its beginning.
+
+    Fits the power-law mode spectrum with a floor (see the module notes) to the
+    observed `(ts, loss)` by least squares in $\log L$ (`fit_spectrum`'s
+    starts, each with a few floors, Adam and `optimistix.LevenbergMarquardt`),
+    and continues it to `until`. The band joins three parts, all batched
+    (vmapped, compiled once):
+
+    - the fit's noise: the central `level` of the model over `n_draws`
+      parameter vectors drawn from its Laplace covariance (the curvature of
+      the misfit, so a poorer fit has a wider band);
+    - the window: the central `level` of the forecasts of `n_windows` refits
+      (Levenberg-Marquardt from the optimum) on the prefix with its end cut by
+      up to `shrink` of its span in $\log t$ (a model that is not quite the
+      run's extrapolates differently from less data);
+    - the initial sizes: random initial weights give each mode its own
+      $\epsilon_k$, scattered by about one e-fold, which moves a switch-on by
+      $1/\ln(m^*/\epsilon)$ of its time: the model at $t (1 \pm \delta)$,
+      $\delta = 1/\ln(1/\epsilon)$;
+
+    down to the model without its floor, widened by twice the rms misfit in
+    $\log L$ and at least 2% (the model's own error). The
+    model is differentiable in its parameters (closed-form logistic modes and
+    the sharp-switch continuum), so the forecast can be pushed through
+    `jax.grad` by calling the model directly.
+
+    **Arguments:**
+
+    - `ts`, `loss`: the observed prefix, shape `(T,)`, times increasing `>= 0`.
+    - `until`: the last time to forecast, `> ts[-1]`.
+    - `p`, `n_modes`: explicit modes and the total number of modes of the model
+      (as `fit_spectrum`; default 100 and an unbounded spectrum).
+    - `n_points`: points of the forecast, log-spaced from `ts[-1]` to `until`.
+    - `level`: the band's coverage, in `(0, 1)`.
+    - `n_draws`: parameter draws for the band; `steps`: Adam steps per start.
+    - `n_windows`, `shrink`: refits on shortened prefixes for the band, and
+      the largest fraction of the prefix's span in $\log t$ cut from its end.
+    - `key`: PRNG key for the draws (default `key(0)`).
+
+    **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
+    for a prefix that is zero, flat or rising).
+
+    **Raises:** `ValueError` for a malformed curve, `until <= ts[-1]`, fewer than
+    8 positive points, or bad options.
+    """
+    t, y = _host_curve(ts, loss)
+    until = float(until)
+    if not (np.isfinite(until) and until > t[-1]):
+        raise ValueError(f"`until` must be after the last time {t[-1]:g}, got {until}.")
+    if not 0 < level < 1:
+        raise ValueError(f"`level` must be in (0, 1), got {level}.")
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"`p` must be a positive int, got {p!r}.")
+    n_modes = _check_n_modes(n_modes, int(p))
+    if int(n_windows) < 1 or not 0 <= shrink < 1:
+        raise ValueError(
+            f"`n_windows` must be >= 1 and `shrink` in [0, 1), got {n_windows}, "
+            f"{shrink}."
+        )
+    if int(n_points) < 2:
+        raise ValueError(f"`n_points` must be >= 2, got {n_points}.")
+    grid = np.geomspace(
+        max(t[-1], t[t > 0][0] if np.any(t > 0) else 1.0), until, n_points
+    )
+    dtype = jnp.result_type(float)
+    nothing = _nothing_to_fit(t, y)
+    if nothing:
+        return _nothing(grid, t[-1], nothing, dtype)
+    use = y > 0
+    if use.sum() < 8:
+        raise ValueError(f"need at least 8 positive points, got {int(use.sum())}.")
+    ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
+    starts = _default_starts(t, y, use, int(p), n_modes)
+    floors = np.log(np.min(y[use])) + np.log([1e-8, 0.3])
+    starts = np.concatenate(
+        [np.column_stack([starts, np.full(len(starts), f)]) for f in floors]
+    )
+    theta, cov, rms = _fit(
+        jnp.asarray(t, dtype),
+        jnp.asarray(ly, dtype),
+        jnp.asarray(use, dtype),
+        jnp.asarray(starts, dtype),
+        int(p),
+        n_modes,
+        int(steps),
+    )
+    key = jax.random.key(0) if key is None else key
+    at = jnp.asarray(grid, dtype)
+    centre = np.asarray(_log_model(theta, at, int(p), n_modes))
+    draws = np.asarray(_draws(theta, cov, key, at, int(p), n_modes, int(n_draws)))
+    # the window: the fit redone on prefixes cut short at their end, their
+    # forecasts' spread joins the draws (a model that is not quite the run's
+    # extrapolates differently from less data; this is what shows it)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+    rows = _shortened(t, use, int(n_windows), float(shrink), rng)
+    windows = np.asarray(
+        _refits(
+            jnp.asarray(t, dtype),
+            jnp.asarray(ly, dtype),
+            jnp.asarray(rows, dtype),
+            theta,
+            at,
+            int(p),
+            n_modes,
+        )
+    )
+    tail = (1 - level) / 2
+    lo, hi = np.nanquantile(draws, [tail, 1 - tail], axis=0)
+    if np.any(np.isfinite(windows)):
+        w_lo, w_hi = np.nanquantile(windows, [tail, 1 - tail], axis=0)
+        lo, hi = np.fmin(lo, w_lo), np.fmax(hi, w_hi)
+    # each mode's own initial size: random initial weights scatter ln eps_k
+    # by about one e-fold, which moves mode k's switch-on by 1 / ln(m*_k /
+    # eps) of its time; the band holds the model moved by that in time
+    delta = float(np.clip(1.0 / max(-float(theta[2]), 1.0), 0.01, 0.5))
+    for factor in (1 - delta, 1 + delta):
+        moved = np.asarray(_log_model_at(theta, at * factor, int(p), n_modes))
+        lo, hi = np.fmin(lo, moved), np.fmax(hi, moved)
+    # a floor below the observed losses is not seen by the prefix: the band
+    # reaches down to the spectrum without it
+    bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
+    widen = max(2 * float(rms), _MODEL_ERROR)
+    lower = np.exp(np.minimum(np.minimum(lo, centre), bare) - widen)
+    upper = np.exp(np.maximum(hi, centre) + widen)
+    times, modes = _switch_ons(np.asarray(theta), t[-1], until, int(p))
+    as_array = lambda a: jnp.asarray(a, dtype)
+    return Forecast(
+        ts=as_array(grid),
+        loss=as_array(np.exp(centre)),
+        lower=as_array(lower),
+        upper=as_array(upper),
+        switch_on_times=as_array(times),
+        switch_on_modes=jnp.asarray(modes),
+        final_level=as_array(np.exp(centre[-1])),
+        final_lower=as_array(lower[-1]),
+        final_upper=as_array(upper[-1]),
+        floor=jnp.exp(theta[5]),
+        alpha=theta[0],
+        beta=theta[1],
+        eps=jnp.exp(theta[2]),
+        rate=jnp.exp(theta[3]),
+        amplitude=jnp.exp(theta[4]),
+        observed_until=float(t[-1]),
+        rms=rms,
+    )
+
+
+def _nothing(grid, last, reason, dtype) -> Forecast:
+    nan = jnp.asarray(jnp.nan, dtype)
+    empty = jnp.full(grid.shape, jnp.nan, dtype)
+    return Forecast(
+        ts=jnp.asarray(grid, dtype),
+        loss=empty,
+        lower=empty,
+        upper=empty,
+        switch_on_times=jnp.zeros((0,), dtype),
+        switch_on_modes=jnp.zeros((0,), jnp.int32),
+        final_level=nan,
+        final_lower=nan,
+        final_upper=nan,
+        floor=nan,
+        alpha=nan,
+        beta=nan,
+        eps=nan,
+        rate=nan,
+        amplitude=nan,
+        observed_until=float(last),
+        rms=nan,
+        found=False,
+        reason=reason,
+    )

@@ -1,0 +1,252 @@
+r"""Which shape a loss curve has (`select_model`): a staircase of a few logistic
+modes, a power law with a floor, or a staircase turning into a power law,
+chosen by the Bayesian information criterion on the residuals of $\log L$.
+
+The three candidates are one family (fitted in one vmapped, compiled call):
+
+$$L(t) = L_\infty + \sum_{k \le K} \frac{h_k}{\big(1 + e^{s_k (t / t_k - 1)}\big)^2}
++ c\,(t + t_0)^{-\gamma}$$
+
+- staircase: the power law off, `K` the number of drops `detect_plateaus`
+  finds (each term is an isolated mode's loss: its gap is a logistic in `t`,
+  switching on at `t_k` with `s_k = r_k t_k = \ln(m^*/\epsilon)`);
+- power law: `K = 0` (`fit_power_law`'s model on the whole curve);
+- staircase turning into a power law: the drops before `fit_power_law`'s
+  window, and the power law.
+
+$\mathrm{BIC} = n \ln(\mathrm{RSS}/n) + k \ln n$, with `RSS` the sum of squared
+residuals of $\log L$ over the `n` points and `k` the number of parameters
+(`1 + 3K`, `4`, `4 + 3K`): a lower value is better; a difference above 10 is
+"very strong" evidence (Kass and Raftery, 1995)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+from .._curves import first_crossing
+from ._least_squares import _host_curve, _least_squares, _log_noise, _nothing_to_fit
+from .plateaus import detect_plateaus
+from .power_law import _binned, _pad, _starts, fit_power_law
+
+
+#: The most modes a staircase candidate has (one compilation for every curve).
+_MAX_MODES = 8
+_NAMES = ("staircase", "power law", "staircase turning into a power law")
+
+
+class ModelSelection(eqx.Module):
+    """The shape of a loss curve (`select_model`).
+
+    **Fields:**
+
+    - `best`: `"staircase"`, `"power law"` or `"staircase turning into a power
+      law"`; `""` where none could be fitted (see `reason`).
+    - `runner_up`: the second best, and `why`: why it lost (its BIC difference
+      and rms).
+    - `criterion`: `"BIC"`.
+    - `scores`: the BIC of each candidate fitted (a dict; a candidate missing
+      needs what the curve lacks: drops for a staircase, a power-law range for
+      the mixed one).
+    - `rms`: the rms residual of `log L` of each candidate.
+    - `n_modes`: the number of logistic modes of the best model.
+    - `reason`: why nothing was selected (`""` otherwise): nothing to fit, or
+      no candidate fitting to within `max(3 noise, 0.1)` in `log L` (`scores`
+      and `rms` are then kept for inspection).
+    """
+
+    best: str = eqx.field(static=True)
+    runner_up: str = eqx.field(static=True)
+    why: str = eqx.field(static=True)
+    criterion: str = eqx.field(static=True)
+    scores: dict
+    rms: dict
+    n_modes: int = eqx.field(static=True)
+    reason: str = eqx.field(static=True, default="")
+
+
+def _log_model(theta, u, modes, power):
+    """`log L` of the family at `theta = (L_inf, log c, log u0, log gamma, (log
+    h_k, log t_k, log s_k) for k < _MAX_MODES)`, with `modes` (0/1 per mode)
+    and `power` (0/1) switching the terms; NaN where `L <= 0`."""
+    h, tk, s = (jnp.exp(theta[4 + i :: 3]) for i in range(3))
+    z = jnp.clip(s[:, None] * (u[None, :] / tk[:, None] - 1), -350.0, 350.0)
+    stairs = jnp.sum(modes[:, None] * h[:, None] / (1 + jnp.exp(z)) ** 2, axis=0)
+    law = power * jnp.exp(theta[1] - jnp.exp(theta[3]) * jnp.log(u + jnp.exp(theta[2])))
+    total = theta[0] + stairs + law
+    ok = total > 0
+    return jnp.where(ok, jnp.log(jnp.where(ok, total, 1.0)), jnp.nan)
+
+
+@eqx.filter_jit
+def _fit_candidates(u, y, weights, thetas, modes, power):
+    """Fit every candidate (rows of `thetas`, `modes`, `power`), vmapped: their
+    parameters and weighted residual sums of squares."""
+
+    def one(theta, m, p):
+        def residual(th):
+            return _log_model(th, u, m, p) - y
+
+        best = _least_squares(residual, weights, 0.1, theta, 400, 100, 0.03)
+        return best.theta, jnp.sum(weights * best.res**2)
+
+    return jax.vmap(one)(thetas, modes, power)
+
+
+def _stairs_start(levels, drop_times, t_ref, l_ref):
+    """Mode parameters `(log h, log t_k, log s)` for the drops of a staircase,
+    padded to `_MAX_MODES` (unused modes: switched off by the mask)."""
+    rows = np.zeros((_MAX_MODES, 3))
+    rows[:, 2] = np.log(15.0)
+    n = min(len(drop_times), _MAX_MODES)
+    h = np.maximum(levels[:-1] - levels[1:], 1e-12)[:n] / l_ref
+    rows[:n] = np.column_stack(
+        [np.log(h), np.log(drop_times[:n] / t_ref), np.full(n, np.log(15.0))]
+    )
+    return rows.ravel(), n
+
+
+def select_model(
+    ts: Float[ArrayLike, " T"], loss: Float[ArrayLike, " T"]
+) -> ModelSelection:
+    r"""Choose the shape of a loss curve: a staircase of logistic modes, a power
+    law with a floor, or a staircase turning into a power law, by the BIC of
+    each fitted to the whole curve (see the module notes), reported with the
+    runner-up and why it lost.
+
+    The staircase's modes start at the drops of `detect_plateaus` (at most 8),
+    the power law at `fit_power_law`'s fit; each candidate is then fitted to
+    all points (log-binned for long records) by Adam and Levenberg-Marquardt.
+
+    **Arguments:**
+
+    - `ts`, `loss`: the curve, shape `(T,)`, times increasing `>= 0`.
+
+    **Returns:** a `ModelSelection` (`best=""` with a `reason` for a curve with
+    nothing to fit, or where even the best candidate misses the curve by an
+    rms in $\log L$ above `max(3 noise, 0.1)`, `noise` the scatter of
+    $\log L$ about a smooth curve: the same bar as `fit_spectrum`'s).
+
+    **Raises:** `ValueError` for a malformed curve.
+    """
+    t, y = _host_curve(ts, loss)
+    nothing = _nothing_to_fit(t, y)
+    if nothing:
+        return ModelSelection("", "", "", "BIC", {}, {}, 0, reason=nothing)
+    pos = y > 0
+    t, y = t[pos], y[pos]
+    t_ref, l_ref = t[-1], np.exp(np.mean(np.log(y)))
+    plateaus = detect_plateaus(t[t > 0], y[t > 0]) if np.sum(t > 0) >= 8 else None
+    law = fit_power_law(t, y, uncertainty="laplace")
+    thetas, modes, power, names = [], [], [], []
+    # the staircase: a mode per drop (one drop, where there is none: the
+    # curve's fall, at its geometric middle)
+    if plateaus is not None and len(plateaus) >= 2:
+        levels, drops = np.asarray(plateaus.level), np.asarray(plateaus.drop_times)
+    else:
+        levels = np.array([np.max(y), np.min(y)])
+        drops = np.array([np.sqrt(max(t[0], t[t > 0][0]) * t[-1])])
+    stairs, n = _stairs_start(levels, drops, t_ref, l_ref)
+    thetas.append(np.concatenate([[levels[-1] / l_ref, 0.0, 0.0, 0.0], stairs]))
+    modes.append(np.arange(_MAX_MODES) < n)
+    power.append(0.0)
+    names.append(_NAMES[0])
+    # the power law on the whole curve, from a log-log regression
+    u, ly = t / t_ref, np.log(y / l_ref)
+    start = _starts(u, ly, np.ones(t.size, bool), 1, jax.random.key(0))[0]
+    thetas.append(np.concatenate([start, np.zeros(3 * _MAX_MODES)]))
+    modes.append(np.zeros(_MAX_MODES, bool))
+    power.append(1.0)
+    names.append(_NAMES[1])
+    if law.found and plateaus is not None and len(plateaus) >= 1:
+        # the drops before the power law's window, and the one after the last
+        # plateau where that plateau ends before the window (a drop straight
+        # into the power law, with no plateau after it for `detect_plateaus`)
+        levels = list(np.asarray(plateaus.level))
+        drops = list(np.asarray(plateaus.drop_times))
+        last_end = float(plateaus.end[-1])
+        if last_end < law.window[0]:
+            onset = float(law(np.array(2 * last_end))[()])
+            drops.append(
+                first_crossing(t, y, 0.5 * (levels[-1] + onset), interpolate="linear")
+            )
+            levels.append(onset)
+        before = np.flatnonzero(np.array(drops) < law.window[0])
+        if before.size and np.all(np.isfinite(drops)):
+            n_before = before.size
+            stairs, n = _stairs_start(
+                np.array(levels[: n_before + 1]),
+                np.array(drops[:n_before]),
+                t_ref,
+                l_ref,
+            )
+            start = _law_start(law, t_ref, l_ref)
+            thetas.append(np.concatenate([start, stairs]))
+            modes.append(np.arange(_MAX_MODES) < n)
+            power.append(1.0)
+            names.append(_NAMES[2])
+    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names)
+    # a winner that misses the curve far beyond its noise is no answer
+    noise = _log_noise(np.log(y))
+    if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
+        reason = (
+            f"no shape fits: the best, {chosen.best}, misses by an rms of "
+            f"{chosen.rms[chosen.best]:.2g} in log L, above max(3 x its noise "
+            f"{noise:.2g}, 0.1) (a cutoff or a regime the three shapes lack)"
+        )
+        return ModelSelection(
+            "", "", "", "BIC", chosen.scores, chosen.rms, 0, reason=reason
+        )
+    return chosen
+
+
+def _law_start(fit, t_ref, l_ref):
+    """`fit_power_law`'s parameters in the family's scaled coordinates."""
+    gamma = float(fit.gamma)
+    return np.array(
+        [
+            float(fit.L_inf) / l_ref,
+            np.log(float(fit.c) / l_ref * t_ref**-gamma),
+            np.log(max(float(fit.t0), 1e-12) / t_ref),
+            np.log(gamma),
+        ]
+    )
+
+
+def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
+    """Fit the candidates and rank them by BIC."""
+    tb, lyb, wb, within = _binned(t / t_ref, np.log(y / l_ref))
+    m = tb.size
+    u, ly = _pad(tb, lyb)
+    w = np.concatenate([wb, np.zeros(u.size - m)])
+    dtype = jnp.result_type(float)
+    k = len(names)
+    # the batch padded to 3 candidates (one compilation for every curve)
+    rows = np.stack(thetas + [thetas[0]] * (3 - k))
+    mask = np.stack(modes + [modes[0]] * (3 - k)).astype(float)
+    on = np.array(power + [power[0]] * (3 - k))
+    _, rss = _fit_candidates(
+        *(jnp.asarray(a, dtype) for a in (u, ly, w, rows, mask, on))
+    )
+    n = float(np.sum(wb))
+    scores, rms, sizes = {}, {}, {}
+    for i, name in enumerate(names):
+        total = float(rss[i]) + within
+        params = 4 * int(on[i]) + 3 * int(mask[i].sum()) + (1 - int(on[i]))
+        if np.isfinite(total):
+            scores[name] = n * np.log(max(total, 1e-300) / n) + params * np.log(n)
+            rms[name] = float(np.sqrt(total / n))
+            sizes[name] = int(mask[i].sum())
+    if not scores:
+        return ModelSelection("", "", "", "BIC", {}, {}, 0, reason="every fit failed")
+    ranked = sorted(scores, key=scores.get)
+    best = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else ""
+    why = ""
+    if runner:
+        why = (
+            f"BIC {scores[runner] - scores[best]:.3g} higher (rms of log L "
+            f"{rms[runner]:.3g} against {rms[best]:.3g})"
+        )
+    return ModelSelection(best, runner, why, "BIC", scores, rms, sizes[best])

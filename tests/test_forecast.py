@@ -1,0 +1,85 @@
+"""`forecast`: a loss curve from `solve_lv` on a power-law task, continued from
+the first third of its time axis (in log time), against the rest of the
+solution."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nqfjax
+
+
+EPS = 1e-12
+
+
+@jax.jit
+def _solve_modes(r, b, ts):
+    """`solve_lv` of each independent mode (diagonal `B`), vmapped: `(T, p)`."""
+
+    def one(r_k, b_k):
+        lv = nqfjax.LotkaVolterra(r_k[None], b_k[None, None])
+        return nqfjax.solve_lv(lv, jnp.full((1,), EPS), ts).ys[:, 0]
+
+    return jax.vmap(one, out_axes=1)(r, b)
+
+
+def _task_curve(p, alpha, beta, t_end_factor):
+    """The loss of `power_law_task(p, alpha, beta)` at learning rate 1/4
+    (`r_k = k^-(alpha+beta)`, `B_kk = k^-alpha`) from `m_k(0) = EPS`, on 300
+    log-spaced times from half the first switch-on to `t_end_factor` times the
+    last; the modes' half-way times (`m_k = m*_k / 2`), measured on a fine grid."""
+    lv = nqfjax.power_law_task(p, alpha, beta).lotka_volterra(0.25)
+    k = np.arange(1, p + 1.0)
+    t_on = np.log(k**-beta / EPS) * k ** (alpha + beta)  # sharp switch-on times
+    ts = np.geomspace(t_on[0] / 2, t_end_factor * t_on[-1], 300)
+    fine = np.geomspace(ts[0], ts[-1], 3000)
+    m = np.asarray(_solve_modes(lv.r, jnp.diag(lv.B), jnp.asarray(fine)))
+    half = np.array([np.interp(0.5, m[:, j] / k[j] ** -beta, fine) for j in range(p)])
+    loss = 0.5 * np.sum(k**-alpha * (k**-beta - m) ** 2, axis=1)
+    return ts, np.exp(np.interp(np.log(ts), np.log(fine), np.log(loss))), half
+
+
+def _prefix(ts):
+    return ts <= ts[0] * (ts[-1] / ts[0]) ** (1 / 3)
+
+
+@pytest.mark.parametrize(
+    "p, alpha, beta, t_end_factor",
+    [(50, 1.0, 0.5, 3.0), (6, 0.8, 0.4, 12.0)],
+    ids=["power_law", "staircase"],
+)
+def test_forecast_from_the_first_third(p, alpha, beta, t_end_factor):
+    ts, loss, half = _task_curve(p, alpha, beta, t_end_factor)
+    seen = _prefix(ts)
+    assert np.sum(half < ts[seen][-1]) >= 2  # the prefix resolves two switch-ons
+    fc = nqfjax.forecast(ts[seen], loss[seen], ts[-1], p=p, n_modes=p)
+    assert fc.found and fc.observed_until == ts[seen][-1]
+    truth = np.exp(np.interp(np.log(fc.ts), np.log(ts), np.log(loss)))
+    inside = (np.asarray(fc.lower) <= truth) & (truth <= np.asarray(fc.upper))
+    # the error of log L where the loss is still measurable (above 1e-6 of its
+    # start; beyond, a learned staircase decays as e^{-2 r t} and only the band
+    # -- which reaches down to no floor -- says anything)
+    measurable = truth > 1e-6 * loss[0]
+    error = np.abs(np.log(np.asarray(fc.loss)[measurable] / truth[measurable]))
+    print(f"in the band: {inside.mean():.0%}; median |log err| {np.median(error):.2g}")
+    assert inside.mean() >= 0.8  # the issue's bar (measured 100% for both)
+    assert np.median(error) < 0.01  # measured 2e-4 and 1e-3
+    # the next switch-on: the forecast's t_k = (ln(m*/eps) - 1) / r_k against
+    # the measured half-way time ln(m*/eps - 1) / r_k (they differ by 1 / r_k,
+    # 4% here): within 10%
+    k = int(fc.switch_on_modes[0])
+    assert half[k - 2] < ts[seen][-1] < half[k - 1]  # it is the next one due
+    np.testing.assert_allclose(fc.switch_on_times[0], half[k - 1], rtol=0.1)
+    # the exponents of the spectrum, recovered from the prefix: 5%
+    np.testing.assert_allclose([fc.alpha, fc.beta], [alpha, beta], rtol=0.05)
+
+
+def test_forecast_nothing_to_forecast_and_bad_input():
+    ts = np.geomspace(1, 100, 50)
+    fc = nqfjax.forecast(ts, np.full(50, 0.3), 1e3)
+    assert not fc.found and "flat" in fc.reason and np.isnan(fc.final_level)
+    with pytest.raises(ValueError, match="until"):
+        nqfjax.forecast(ts, 1 / ts, 50.0)
+    with pytest.raises(ValueError, match="level"):
+        nqfjax.forecast(ts, 1 / ts, 1e3, level=1.5)
