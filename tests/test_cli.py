@@ -384,6 +384,7 @@ def _staircase_csv(path, ts, k_max=6, eps=1e-12):
     return loss, (np.log(mstar / eps) - 1) / (lam * mstar)
 
 
+@pytest.mark.slow  # the forecast of a 6-mode curve with its band, end to end
 def test_fit_forecast(tmp_path, capsys):
     """`nqfjax fit CURVE.csv --forecast-to T`: a six-mode staircase seen up to
     t = 100 (three drops) and forecast to 1000; printed, written to the summary

@@ -34,6 +34,10 @@ def _env(devices: int) -> dict:
     return env
 
 
+# processes that each import jax and compile the sweep, waiting on one another
+# over TCP: the slow tier
+pytestmark = pytest.mark.slow
+
 _STARTED: list[subprocess.Popen] = []
 
 

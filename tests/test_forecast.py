@@ -44,6 +44,7 @@ def _prefix(ts):
     return ts <= ts[0] * (ts[-1] / ts[0]) ** (1 / 3)
 
 
+@pytest.mark.slow  # solve_lv curves fitted and forecast with their bands
 @pytest.mark.parametrize(
     "p, alpha, beta, t_end_factor",
     [(50, 1.0, 0.5, 3.0), (6, 0.8, 0.4, 12.0)],

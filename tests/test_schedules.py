@@ -19,6 +19,10 @@ M0 = np.full(D, 0.01)
 T, SEGMENTS, BUDGET, ETA_MAX = 300, 10, 16 * 300, 0.15
 
 
+# real SGD training of every schedule over 8 seeds: the slow tier
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def setting():
     """The task, a sign-symmetric dataset of 1024 samples (see

@@ -116,6 +116,7 @@ def test_gaussian_task_full_batch_growth_is_discrete():
     np.testing.assert_allclose(pred.m[1] / pred.m[0], (1 + r / 2) ** 2, rtol=1e-6)
 
 
+@pytest.mark.slow  # W-space SGD over 32 seeds on a 3 x 3 grid
 def test_mean_loss_matches_sgd_over_grid(data):
     # 3 learning rates x 3 batch sizes, 32 seeds: the mean full-data loss of
     # real W-space SGD against the prediction, in log loss at every 10th step.
