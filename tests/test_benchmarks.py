@@ -146,3 +146,27 @@ def test_gradients_quick(tmp_path):
     assert result["ref_check"] <= 1e-4
     for name, chosen in result["chosen"].items():
         assert chosen["error"] <= 1e-5, (name, chosen)
+
+
+def test_predict_agreement_quick(tmp_path):
+    pytest.importorskip("sklearn")
+    result = run_quick("predict_agreement.py", tmp_path)
+    iris, heads = result["rows"]
+    assert iris["case"] == "iris" and heads["case"] == "sequences_small"
+    for row in (iris, heads):
+        # real data do not reduce: the flow is used, and says by how much
+        assert row["engine"] == "mflow" and row["violation"] > 0.05
+        # the flow against GD on the same network's quadratic form: only the
+        # discretisation, a lag of about r/2 = 0.5% (measured <= 0.4%)
+        errors = np.asarray(row["quadratic_model"]["time_errors"])
+        assert len(errors) >= 2 and np.all((errors > 0) & (errors < 0.01)), errors
+        assert row["quadratic_model"]["log_loss_departure"] < 0.02
+        # the approximate LV system reports the same residual as the flow
+        assert row["approximate_lv"]["violation"] == pytest.approx(row["violation"])
+    # the real tanh perceptron on iris at width 64: within the 5% criterion
+    # (measured +0.26%, +1.55%, 0.014 in log loss)
+    assert iris["passed"] and max(map(abs, iris["time_errors"])) < 0.05
+    # the approximate reduction departs from the flow (iris, violation 0.10:
+    # measured -8.2%, -8.2%, 0.029 in log loss)
+    lv_errors = np.abs(iris["approximate_lv"]["time_errors"])
+    assert np.all((lv_errors > 0.02) & (lv_errors < 0.15))

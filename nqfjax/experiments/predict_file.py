@@ -206,11 +206,12 @@ def predict_file(
         summary["trained"] = {"t": trained.ts, "loss": trained.loss}
         summary["agreement"] = {
             "switch_on": [
-                {"predicted": p, "measured": m, "relative_error": e}
-                for p, m, e in zip(
+                {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
+                for p, m, e, o in zip(
                     np.asarray(a.predicted_times).tolist(),
                     np.asarray(a.measured_times).tolist(),
                     np.asarray(a.time_errors).tolist(),
+                    np.asarray(a.subspace_overlaps).tolist(),
                 )
             ],
             "log_loss_departure": a.log_loss_departure,
