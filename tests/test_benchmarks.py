@@ -148,6 +148,7 @@ def test_gradients_quick(tmp_path):
         assert chosen["error"] <= 1e-5, (name, chosen)
 
 
+@pytest.mark.slow  # trains the real and quadratic layers on two data sets
 def test_predict_agreement_quick(tmp_path):
     pytest.importorskip("sklearn")
     result = run_quick("predict_agreement.py", tmp_path)

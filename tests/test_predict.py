@@ -275,6 +275,7 @@ def conv_mnist1d():
     return structure, xs, y, eta, runs
 
 
+@pytest.mark.slow  # MNIST-1D through Conv1D, trained at two widths
 def test_conv1d_flow_against_gradient_descent_on_the_quadratic_model(conv_mnist1d):
     structure, xs, ys, eta, runs = conv_mnist1d
     pred = runs[64][0]
@@ -289,6 +290,7 @@ def test_conv1d_flow_against_gradient_descent_on_the_quadratic_model(conv_mnist1
     assert float(agree.log_loss_departure) < 0.02
 
 
+@pytest.mark.slow  # MNIST-1D through Conv1D, trained at two widths
 def test_conv1d_real_layer_departs_like_one_over_width(conv_mnist1d):
     *_, runs = conv_mnist1d
     agree = {
@@ -339,6 +341,7 @@ def attention_runs():
     return structure, runs
 
 
+@pytest.mark.slow  # softmax heads trained at two logit sizes
 def test_attention_flow_against_gradient_descent_on_the_quadratic_model(
     attention_runs,
 ):
@@ -353,6 +356,7 @@ def test_attention_flow_against_gradient_descent_on_the_quadratic_model(
     assert float(agree.log_loss_departure) < 0.02
 
 
+@pytest.mark.slow  # softmax heads trained at two logit sizes
 def test_attention_real_head_departs_with_the_size_of_its_logits(attention_runs):
     _, runs = attention_runs
     agree = {s: nqfjax.agreement(run[2], run[3]) for s, run in runs.items()}
