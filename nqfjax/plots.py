@@ -329,10 +329,12 @@ def plot_power_law(
         (gamma_rich, "-.", "C3", "rich"),
         (gamma_lazy, ":", "C2", "lazy"),
     ]:
-        slope.axhline(g, ls=style, color=colour, lw=1, label=rf"$\gamma$ {name}")
+        if np.isfinite(g):  # a refused fit (no power law) has no line
+            slope.axhline(g, ls=style, color=colour, lw=1, label=rf"$\gamma$ {name}")
     gs = [gamma_fit, gamma_rich, gamma_lazy]
     te, ge = _local_exponent(tt, ll)
     gs += list(ge[(te >= lo) & (te <= hi)])
+    gs = [g for g in gs if np.isfinite(g)]
     pad = 0.15 * (max(gs) - min(gs) + 0.1)
     slope.set_ylim(min(gs) - pad, max(gs) + pad)
     slope.set_xlabel("t (gradient steps)")
