@@ -80,6 +80,7 @@ def _rel(a, b, mask):
     return np.max(np.abs(np.asarray(a) - b)[mask] / np.abs(b[mask]))
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_three_engines_aligned_quadratic_net(quadratic):
     structure, xs, ys, task, lv, basis = quadratic
     # the shared basis is the coordinate axes (up to order and sign)

@@ -115,6 +115,7 @@ def test_sweep_vs_torch_quick(tmp_path):
         assert diff <= 1e-3, (name, diff)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_small_sweep_quick(tmp_path):
     result = run_quick("small_sweep.py", tmp_path)
     assert result["finite"]
@@ -127,6 +128,7 @@ def test_small_sweep_quick(tmp_path):
     assert result["second_call_compiles"] == 0
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_reduction_speedup_quick(tmp_path):
     result = run_quick("reduction_speedup.py", tmp_path)
     assert result["finite"]
@@ -137,6 +139,7 @@ def test_reduction_speedup_quick(tmp_path):
     assert result["max_rel_diff"]["LV vs W-space"] <= 2e-2
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_gradients_quick(tmp_path):
     result = run_quick("gradients.py", tmp_path)
     # Reverse mode and central differences (each at the tolerance that reaches

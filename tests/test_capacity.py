@@ -134,6 +134,7 @@ def _gd_learning_rate(task, M):
     return 0.25 / (float(_operator_norm(task)) * top)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_matches_long_training(sampled):
     task, xs, ys = sampled
     d = task.p
@@ -313,6 +314,7 @@ MAP_WIDTHS = [2, MAP_D]
 MAP_LAMS = [0.0, 0.1]
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_finite_data_map():
     """One compiled sweep over (n, width, lam, seed), checked three ways below. (One
     test, not three sharing a module fixture: under xdist each worker would

@@ -148,6 +148,7 @@ def _chunk_files(out) -> list[str]:
     return sorted(done)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_sweep_interrupted_and_resumed(tmp_path, capsys):
     config = tmp_path / "tiny.toml"
     config.write_text(_TINY.format(lr=0.2))
@@ -310,6 +311,7 @@ def _logistic_curve(lv, ts):
     return np.asarray(jax.vmap(lv.loss)(m))
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_recovers_power_law(tmp_path, capsys):
     lv = _power_law_lv()
     ts = np.geomspace(1.0, 2e6, 200)
@@ -488,6 +490,7 @@ def test_demo_compilation_cache_folder(tmp_path):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_demo_quick_writes_every_file(tmp_path, capsys, monkeypatch):
     # the test process keeps its own compilation settings (no cache in ~/.cache)
     monkeypatch.setenv("NQFJAX_NO_COMPILATION_CACHE", "1")

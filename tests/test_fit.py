@@ -32,6 +32,7 @@ def _noisy_power_law(rng, noise=0.03):
     return clean * np.exp(noise * rng.standard_normal(TS.size))
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_power_law_synthetic():
     loss = _noisy_power_law(np.random.default_rng(0))
     fit = nqfjax.fit_power_law(TS, loss)
@@ -150,6 +151,7 @@ def wspace_curve():
     return np.asarray(result.ts), np.asarray(result.loss)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_spectrum_recovers_wspace_spectra(wspace_curve):
     ts, loss = wspace_curve
     fit = nqfjax.fit_spectrum(ts, loss, p=D)
@@ -237,6 +239,7 @@ def long_spectrum_curve():
     return ts, loss
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_spectrum_tail_recovers_long_spectrum(long_spectrum_curve):
     ts, loss = long_spectrum_curve
     truth = np.array([LV_ALPHA, LV_BETA, np.log(LV_EPS), 0.0, 0.0])  # r_1 = A = 1
@@ -409,6 +412,7 @@ def test_linearly_logged_power_law_is_honest():
         assert abs(a.gamma - b.gamma) < 2.5 * np.hypot(a.gamma_err, b.gamma_err)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_select_model_names_the_shape_and_the_runner_up():
     ts = np.geomspace(1.0, 1e6, 400)
     rng = np.random.default_rng(0)
@@ -441,6 +445,7 @@ def test_select_model_names_the_shape_and_the_runner_up():
     assert min(cut.rms.values()) > 0.1
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_two_mode_curve_is_a_staircase_without_power_law():
     """The issue's two-mode curve (logistic modes switching on at t = 500 and
     1300, 3% noise, logged every 10 steps): three plateaus, chosen as a

@@ -145,6 +145,7 @@ def test_task_from_samples(tasks):
     np.testing.assert_allclose(float(task32.y2), float(task64.y2), rtol=1e-6)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_power_law():
     ts = np.geomspace(1.0, 1e6, 200)
     with float32():

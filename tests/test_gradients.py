@@ -21,6 +21,7 @@ import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.linalg
 
 import nqfjax
@@ -85,6 +86,7 @@ def _lv_curve(log_sigma, eta, weight_decay, alpha, beta, r, B):
     return nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5(), **TOL).loss
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_solve_lv_gradients(getkey):
     # log sigma, learning rate, weight decay, (alpha, beta) of the task, r, B
     args = tuple(jnp.asarray(x) for x in (-3.0, 0.1, 0.01, 1.2, 0.6))
@@ -122,6 +124,7 @@ def _switch_times(lv, m0, t_guess):
     return newton(t)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_switch_on_time_gradient_is_minus_two_over_r():
     # Independent modes: t_k = ln(m*_k/eps_k - 1)/r_k with eps_k = sigma^2 c_k, so
     # dt_k / d log sigma = -(2 / r_k) m*_k / (m*_k - eps_k) = -2/r_k (1 + O(eps)).
@@ -166,6 +169,7 @@ def _mflow_curve(log_sigma, eta, weight_decay, alpha, beta):
     ).loss
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_solve_mflow_gradients(getkey):
     args = tuple(jnp.asarray(x) for x in (-3.0, 0.1, 0.01, 1.2, 0.6))
     _check_all(_mflow_curve, args, getkey())
@@ -205,6 +209,7 @@ def _train_curve(log_sigma, eta, weight_decay, alpha, beta):
     return result.loss
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_train_gradients(getkey):
     # Plain GD is a fixed sequence of smooth maps (no adaptive steps), so the
     # finite difference is limited by truncation (~1e-10) and round-off only.

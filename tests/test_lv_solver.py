@@ -157,6 +157,7 @@ def test_float32_from_1e_30():
     assert np.all(np.asarray(m)[-1] > 0.1)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 @pytest.mark.parametrize("mode", ["dense", "diag_low_rank", "generic"])
 def test_gradient_matches_finite_differences(mode):
     """d/dr and d/d(scale of B) of the loss during the switch-ons, reverse mode

@@ -232,6 +232,7 @@ def reports(whitened):
     ), lv_unit
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_gd_and_momentum_departures(reports):
     """Full-batch GD grows a mode by (1 + a)^2 per step (a = r/2) instead of
     e^{2a}: ln(1 + a) = a - a^2/2, a lag of a/2 = r/4 relative. Heavy ball at

@@ -80,6 +80,7 @@ def iris_run(iris):
     return _run(structure, xs, ys, width=64, num_steps=5000)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_real_data_do_not_reduce_and_the_flow_says_why(iris_run):
     pred, trained, _ = iris_run
     assert pred.engine == "mflow"
@@ -100,6 +101,7 @@ def test_real_data_do_not_reduce_and_the_flow_says_why(iris_run):
     assert float(jnp.linalg.norm(M)) > 0.9 * float(jnp.linalg.norm(pred.mode_values))
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_flow_against_real_training_of_the_tanh_perceptron(iris_run):
     pred, trained, _ = iris_run
     agree = nqfjax.agreement(pred, trained)
@@ -110,6 +112,7 @@ def test_flow_against_real_training_of_the_tanh_perceptron(iris_run):
     assert float(agree.log_loss_departure) < 0.05
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_flow_against_gradient_descent_on_the_quadratic_model(iris, iris_run):
     xs, ys = iris
     pred, _, eta = iris_run
@@ -122,6 +125,7 @@ def test_flow_against_gradient_descent_on_the_quadratic_model(iris, iris_run):
     assert float(agree.log_loss_departure) < 0.02
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_exact_reduction_on_whitened_data_matches_the_flow_and_closed_form():
     xs, ys = nqfjax.load_dataset("iris", whiten=True, dtype=np.float64)
     structure = nqfjax.Perceptron(d=4, k=3)
@@ -148,6 +152,7 @@ def test_exact_reduction_on_whitened_data_matches_the_flow_and_closed_form():
     np.testing.assert_allclose(lv_pred.switch_times, closed, rtol=5e-3)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_approximate_reduction_reports_its_residual_and_departure(iris, iris_run):
     xs, ys = iris
     pred = iris_run[0]
@@ -173,6 +178,7 @@ def test_approximate_reduction_reports_its_residual_and_departure(iris, iris_run
     assert float(departure.log_loss_departure) < 0.05
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_errors_name_the_argument(iris, iris_run):
     xs, ys = iris
     structure = nqfjax.Perceptron(d=4, k=3)
@@ -238,6 +244,7 @@ def test_cli_bad_csv_and_arguments(tmp_path, capsys):
     assert "needs inputs of shape (n, T, d)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_cli_end_to_end_float32_against_training(tmp_path, capsys, iris):
     xs, ys = iris
     path = _write_npz(tmp_path / "iris.npz", xs=xs.astype(np.float32), ys=ys)

@@ -4,12 +4,14 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 from helpers import values
 
 
 README = pathlib.Path(__file__).parents[1] / "README.md"
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_readme_tour_runs_and_agrees():
     text = README.read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

@@ -176,6 +176,7 @@ _SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_sharded_sweep_on_8_host_devices():
     env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
     proc = subprocess.run(
@@ -201,6 +202,7 @@ def test_sharded_sweep_on_8_host_devices():
     assert np.ptp(plain[:, 5]) > 0.01
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_kill_and_resume(tmp_path):
     ckpt = tmp_path / "ckpt"
     gate = tmp_path / "gate"
