@@ -541,7 +541,8 @@ def run_sweep_config(
     or above `DIVERGENCE_FACTOR` (1000) times its loss at step 0; divergence is a
     result, not an error: such runs are counted and listed in the summary.
 
-    Written to `out_dir` (each file atomically, after the whole grid is done):
+    Written to `out_dir` (each file atomically, after the whole grid is done;
+    `results.npz` last, so that it exists only once all is written):
 
     - `results.npz`: `loss` of shape `(n_optimizer, n_architecture,
       n_init_scale, n_learning_rate, n_seed, R)` (NaN once a run diverged),
@@ -586,68 +587,73 @@ def run_sweep_config(
     shape = tuple(len(a) for a in axes.values())
     steps = np.asarray(log_spaced_steps(train_["num_steps"], train_["num_records"]))
 
+    # the figure and the summary are written inside the block too: a SIGINT
+    # while they are written waits for the end of the block and makes the
+    # command exit before results.npz, which is written last
     with defer_interrupts() as interrupted:
         loss, counts, notes, theory = _run_groups(
             config, out, points, shape, steps, progress, interrupted
         )
-    switch_on = np.full((*loss.shape[:4], 0), np.nan)
-    if theory:
-        K = max(t.shape[-1] for t, _ in theory.values())
-        switch_on = np.full((*loss.shape[:4], K), np.nan)
-        for (i, j), (t, _) in theory.items():
-            switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
-    runs, diverged = _runs(config, steps, loss)
-    files = {
-        "results": "results.npz",
-        "summary": "summary.json",
-        "figure": "loss_curves.png",
-        "checkpoint": "checkpoint",
-    }
-    summary = {
-        "config": config.to_dict(),
-        "config_file": config.source,
-        "versions": versions(),
-        "loss_shape": [
-            "optimizer",
-            "architecture",
-            "init_scale",
-            "learning_rate",
-            "seed",
-            "step",
-        ],
-        "steps": steps,
-        "chunks": counts,
-        "checkpoint_warnings": notes,
-        "diverged": {
-            "criterion": "a recorded loss not finite or above "
-            f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
-            "count": len(diverged),
-            "runs": diverged,
-        },
-        "runs": runs,
-        "predicted_switch_on": {
-            f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
-                "engine": why,
-                "seed": grid["seed"][0],
-                "times": t,  # [init_scale][learning_rate][mode], in steps
-            }
-            for (i, j), (t, why) in theory.items()
-        },
-        "files": files,
-    }
+        switch_on = np.full((*loss.shape[:4], 0), np.nan)
+        if theory:
+            K = max(t.shape[-1] for t, _ in theory.values())
+            switch_on = np.full((*loss.shape[:4], K), np.nan)
+            for (i, j), (t, _) in theory.items():
+                switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
+        runs, diverged = _runs(config, steps, loss)
+        files = {
+            "results": "results.npz",
+            "summary": "summary.json",
+            "figure": "loss_curves.png",
+            "checkpoint": "checkpoint",
+        }
+        summary = {
+            "config": config.to_dict(),
+            "config_file": config.source,
+            "versions": versions(),
+            "loss_shape": [
+                "optimizer",
+                "architecture",
+                "init_scale",
+                "learning_rate",
+                "seed",
+                "step",
+            ],
+            "steps": steps,
+            "chunks": counts,
+            "checkpoint_warnings": notes,
+            "diverged": {
+                "criterion": "a recorded loss not finite or above "
+                f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
+                "count": len(diverged),
+                "runs": diverged,
+            },
+            "runs": runs,
+            "predicted_switch_on": {
+                f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
+                    "engine": why,
+                    "seed": grid["seed"][0],
+                    "times": t,  # [init_scale][learning_rate][mode], in steps
+                }
+                for (i, j), (t, why) in theory.items()
+            },
+            "files": files,
+        }
 
-    out.mkdir(parents=True, exist_ok=True)
-    arrays = {
-        "loss": loss,
-        "steps": steps,
-        "optimizer": np.asarray(grid["optimizer"]),
-        "architecture": np.asarray(grid["architecture"]),
-        **{name: a for name, a in axes.items()},
-    }
+        out.mkdir(parents=True, exist_ok=True)
+        arrays = {
+            "loss": loss,
+            "steps": steps,
+            "optimizer": np.asarray(grid["optimizer"]),
+            "architecture": np.asarray(grid["architecture"]),
+            **{name: a for name, a in axes.items()},
+        }
+        write_figure(
+            out / files["figure"],
+            plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
+        )
+        write_json(out / files["summary"], summary)
+    # results.npz last, outside the block: it exists only when everything is done
     atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    write_figure(
-        out / files["figure"], plots.plot_sweep(steps, loss, grid, switch_on=switch_on)
-    )
-    write_json(out / files["summary"], summary)
     summary["files"] = {k: out / v for k, v in files.items()}
     return summary
