@@ -587,9 +587,8 @@ def run_sweep_config(
     shape = tuple(len(a) for a in axes.values())
     steps = np.asarray(log_spaced_steps(train_["num_steps"], train_["num_records"]))
 
-    # the figure and the summary are written inside the block too: a SIGINT
-    # while they are written waits for the end of the block and makes the
-    # command exit before results.npz, which is written last
+    # the outputs are written inside the block too (a SIGINT while they are
+    # written waits for the safe point before results.npz)
     with defer_interrupts() as interrupted:
         loss, counts, notes, theory = _run_groups(
             config, out, points, shape, steps, progress, interrupted
@@ -653,7 +652,11 @@ def run_sweep_config(
             plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
         )
         write_json(out / files["summary"], summary)
-    # results.npz last, outside the block: it exists only when everything is done
-    atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
+        # a safe point: the block may be nested in a caller's (the CLI's), whose
+        # exit, not this one's, raises; an interrupt that came stops here, before
+        # results.npz, which is written last: it exists only when all is done
+        if interrupted():
+            raise KeyboardInterrupt
+        atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
     summary["files"] = {k: out / v for k, v in files.items()}
     return summary
