@@ -257,6 +257,7 @@ def test_minimum_width_closed_form(whitened):
     assert nqfjax.minimum_width(task) == 4
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_excess_matches_training(sampled):
     """Excess loss of each width vs W-space GD of that width from random starts
     (best of 4 seeds) on a sampled task, where K is not isotropic and the capped

@@ -723,6 +723,7 @@ def test_good_out_folder_is_checked_without_creating_it(tmp_path):
 # divergence
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_sweep_reports_diverged_runs(tmp_path, capsys):
     config = tmp_path / "diverge.toml"
     # gradient descent at learning rate 50 on unit-scale Gaussian inputs: far

@@ -86,6 +86,7 @@ def test_clock_closed_forms():
         jax.jit(lambda t: nqfjax.clock(sched, t))(ts)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_schedule_mflow_matches_w_space(whitened):
     """The M-space flow on the clock of a warmup-cosine schedule matches full-batch
     GD with that schedule to 1e-3, from a random (unaligned) init. GD's O(eta)

@@ -176,6 +176,7 @@ def test_mflow_solution_and_failure():
         nqfjax.solve_mflow(task, M0, TS, 0.05, max_steps=4, solver=tsit)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_mflow_schedule_matches_w_space():
     """A learning-rate schedule (optax exponential decay) on the continuous
     clock: the flow with eta(t) in W-space (an independent engine, the rate in

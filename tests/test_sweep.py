@@ -40,6 +40,7 @@ def _lv_curve(log_sigma, dtype):
     return nqfjax.solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).loss
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_sweep_equals_separate_runs(dtype):
     traces = []

@@ -419,6 +419,7 @@ def interacting_runs():
     return runs
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 @pytest.mark.parametrize("name", ["all_on", "on_off"])
 def test_staircase_is_the_small_eps_limit(interacting_runs, name):
     lv, st, taus, sols = interacting_runs[name]

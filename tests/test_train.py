@@ -273,6 +273,7 @@ def test_schedule_and_momentum_match_numpy(getkey):
 # transforms: vmap over seeds / scales / learning rates, grad, recording
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_vmap_equals_separate_runs(getkey):
     structure = nqfjax.Perceptron(d=3, k=1)
     xs, ys = _data(structure, getkey(), 24)
@@ -416,6 +417,7 @@ def test_minibatch_uses_the_key(getkey):
     np.testing.assert_allclose(run(k2, 32), full, rtol=1e-13)
 
 
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_sgd_follows_gd_in_expectation():
     r"""Minibatch gradients are unbiased with covariance f(b) Sigma,
     f(b) = (n - b)/(b (n - 1)) (sampling without replacement). To leading order
