@@ -138,7 +138,9 @@ def test_structured_system_holds_o_pq_memory():
     d = rng.uniform(0.5, 1.5, p)
     U = rng.standard_normal((p, q)) / np.sqrt(p)
     lv = LotkaVolterra(rng.uniform(size=p), B_diag=d, B_factor=U)
-    assert lv.B_dense is None
+    assert lv.B_dense is None  # no p x p matrix held; the parts are held as given
+    np.testing.assert_array_equal(lv.B_diag, d)
+    np.testing.assert_array_equal(lv.B_factor, U)
     assert max(leaf.size for leaf in jax.tree.leaves(lv)) == p * q
     # a concrete, exactly diagonal dense B is stored in the same structured form
     small = LotkaVolterra(R, np.diag([1.0, 0.0, 2.0]))
@@ -152,7 +154,8 @@ def test_structured_system_holds_o_pq_memory():
     lv = LotkaVolterra(r, B_diag=d, B_factor=U, decay=0.1, loss_scale=2.0)
     B = np.diag(d) + U @ U.T
     dense = LotkaVolterra(r, B, 0.1, loss_scale=2.0)
-    assert dense.B_dense is not None
+    # the dense system holds the matrix it was given (symmetric to roundoff)
+    np.testing.assert_allclose(dense.B_dense, B, rtol=1e-15, atol=0)
     # rounding of sums of q + 1 terms against a p-term product: 1e-13
     np.testing.assert_allclose(lv.B, B, rtol=1e-14)
     np.testing.assert_allclose(lv.self_interactions(), np.diag(B), rtol=1e-14)
