@@ -11,10 +11,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # One persistent compilation cache for the whole run, shared by the xdist
 # workers and by every subprocess a test starts (the CLI, the multi-process
 # sweeps, the notebooks' kernels inherit the environment): a program that
-# several of them compile, like the sweep chunk that the SIGINT test's 22
-# processes run, is compiled once. The folder is new for each run (made by
-# the first process, inherited by the workers it starts), so the suite's time
-# is that of a cold cache, as on a fresh machine.
+# several of them compile is compiled once. JAX stores only programs without
+# host callbacks, so the ODE solves (equinox's runtime checks are callbacks)
+# are compiled in every process all the same. The folder is new for each run
+# (made by the first process, inherited by the workers it starts), so the
+# suite's time is that of a cold cache, as on a fresh machine.
 _OWN_CACHE = "NQFJAX_TEST_JAX_CACHE" not in os.environ
 if _OWN_CACHE:
     os.environ["NQFJAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="nqfjax-jax-cache-")
