@@ -99,8 +99,8 @@ from .experiments.sweep_config import (
     SweepConfig as SweepConfig,
     load_sweep_config as load_sweep_config,
     parse_sweep_config as parse_sweep_config,
-    run_sweep_config as run_sweep_config,
 )
+from .experiments.sweep_run import run_sweep_config as run_sweep_config
 from .structures import (
     AbstractStructure as AbstractStructure,
     Conv1D as Conv1D,

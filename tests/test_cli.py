@@ -24,7 +24,7 @@ import scipy.special
 
 import nqfjax
 from nqfjax.cli import _parser, main
-from nqfjax.experiments import curve as curve_mod, sweep_config
+from nqfjax.experiments import curve as curve_mod, sweep_config, sweep_run
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -210,7 +210,7 @@ def test_sweep_interrupted_and_resumed(tmp_path, capsys):
     cfg = sweep_config.load_sweep_config(config)
     with jax.enable_x64(False):
         structure = cfg.structure("perceptron")
-        xs, ys = sweep_config._make_data(cfg, structure, np.float32)
+        xs, ys = sweep_run._make_data(cfg, structure, np.float32)
         direct = nqfjax.train(
             structure,
             xs,
@@ -658,7 +658,7 @@ def no_work(monkeypatch):
 
     for name in ("run_demo", "run_sweep_config", "fit_curve_file"):
         monkeypatch.setattr(nqfjax, name, work)
-    monkeypatch.setattr(sweep_config, "sweep", work)
+    monkeypatch.setattr(sweep_run, "sweep", work)
 
 
 def _bad_folders(tmp_path) -> dict:
@@ -707,7 +707,7 @@ def test_run_sweep_config_checks_its_folder_first(tmp_path, no_work, where):
     with pytest.raises(
         ValueError, match=f"out_dir {re.escape(repr(str(out)))}.*{message}"
     ):
-        sweep_config.run_sweep_config(config, out)
+        sweep_run.run_sweep_config(config, out)
 
 
 def test_good_out_folder_is_checked_without_creating_it(tmp_path):
