@@ -44,6 +44,7 @@ from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,
 )
+from .engines.sgd_divergence import sgd_divergence_boundary as sgd_divergence_boundary
 from .engines.sgd_moments import (
     SGDMoments as SGDMoments,
     sgd_moments as sgd_moments,

@@ -141,6 +141,7 @@ class _Moments(eqx.Module):
     y2: Array
 
 
+@eqx.filter_jit
 def _gaussian_moments(s, mu, sigma2, dtype) -> _Moments:
     """The moments for `x ~ N(0, diag(s))`, `y = sum_k mu_k x_k^2 + xi` in closed
     form (Wick): `E[x_i^2 ... ] = s_i ... E[u_i ...]` with the chi^2_1 moments."""
@@ -156,6 +157,7 @@ def _gaussian_moments(s, mu, sigma2, dtype) -> _Moments:
     return _Moments(F4, F8, F4 @ mu, Y6, Y8, y2)
 
 
+@eqx.filter_jit
 def _sample_moments(xs, ys, dtype) -> _Moments:
     """The empirical moments of samples `xs` (`(n, d)`, in the mode basis) and
     targets `ys` (`(n,)`)."""
@@ -169,19 +171,24 @@ def _sample_moments(xs, ys, dtype) -> _Moments:
     return _Moments(F4, F8, q.T @ y / n, Y6, Y8, jnp.mean(y**2))
 
 
+def _residual_moment(mom: _Moments, m, second):
+    """`E[e^2 x_k^2 x_l^2]`, shape `(d, d)`, for a residual whose mode amplitudes
+    have mean `m` and second moments `second[i, j] = E[M_ii M_jj] + 2 E[dM_ij^2]`:
+    matrix products with F8 and Y6 flattened (d^2 x d^2, d x d^2)."""
+    d = m.shape[0]
+    return (
+        (second.reshape(-1) @ mom.F8.reshape(d * d, d * d))
+        - 2 * (m @ mom.Y6.reshape(d, d * d))
+    ).reshape(d, d) + mom.Y8
+
+
 def _step(mom: _Moments, n, state, eta, b):
     """One step of the moment map: `(m, C, V) -> (m', C', V')`."""
     m, C, V = state
     d = m.shape[0]
     off = 1.0 - jnp.eye(d, dtype=m.dtype)
     g = mom.F4 @ m - mom.cy  # E[e x_k^2] = G_kk at the mean
-    # E[e^2 x_k^2 x_l^2]: the mean residual's part and the fluctuations', as
-    # matrix products with F8 and Y6 flattened (d^2 x d^2, d x d^2)
-    second = jnp.outer(m, m) + C + 2 * V
-    E2 = (
-        (second.reshape(-1) @ mom.F8.reshape(d * d, d * d))
-        - 2 * (m @ mom.Y6.reshape(d, d * d))
-    ).reshape(d, d) + mom.Y8
+    E2 = _residual_moment(mom, m, jnp.outer(m, m) + C + 2 * V)
     c = 1.0 / b if n is None else (n - b) / (b * (n - 1))
     A = 1 - 2 * eta * g
     # -2 eta E[K[dM] dM + dM K[dM]]_kk: the fluctuations' share of the saturation
@@ -281,12 +288,38 @@ def sgd_moments(
     eta = positive("learning_rates", eta.astype(dtype))
     bs = finite("batch_sizes", bs.astype(dtype))
     m0 = positive("m0", m0.astype(dtype))
-    sigma2 = jnp.asarray(noise_variance, dtype)
-    check_shape("noise_variance", sigma2, ())
-    sigma2 = _check_nonnegative("noise_variance", sigma2)
+    factor = _check_factor(divergence_factor)
+    mom, num_samples = _task_moments(
+        U, s_np, mu_np, noise_variance, samples, num_samples, dtype
+    )
+    bs = _check_batch_sizes(bs, num_samples)
+    loss, m, fluct, diverged_at = _solve(mom, num_samples, eta, bs, m0, factor)
+    return SGDMoments(
+        loss=loss,
+        m=m,
+        fluctuation=fluct,
+        basis=jnp.asarray(U, dtype),
+        diverged=diverged_at >= 0,
+        diverged_at=diverged_at,
+    )
+
+
+def _check_factor(divergence_factor) -> float:
     factor = float(divergence_factor)
     if not (np.isfinite(factor) and factor > 1):
         raise ValueError(f"`divergence_factor` must be > 1, got {divergence_factor}.")
+    return factor
+
+
+def _task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype):
+    """`(moments, n)`: the input moments in the mode basis `U`, in closed form
+    (Gaussian inputs with label-noise variance `noise_variance`) or from
+    `samples = (xs, ys)`, and the dataset size minibatches are drawn from (`None`
+    for fresh samples); checks the arguments."""
+    d = s_np.shape[0]
+    sigma2 = jnp.asarray(noise_variance, dtype)
+    check_shape("noise_variance", sigma2, ())
+    sigma2 = _check_nonnegative("noise_variance", sigma2)
     if samples is None:
         mom = _gaussian_moments(s_np, mu_np, sigma2, dtype)
     else:
@@ -303,16 +336,7 @@ def sgd_moments(
             num_samples = xs.shape[0]
     if num_samples is not None:
         num_samples = int(num_samples)
-    bs = _check_batch_sizes(bs, num_samples)
-    loss, m, fluct, diverged_at = _solve(mom, num_samples, eta, bs, m0, factor)
-    return SGDMoments(
-        loss=loss,
-        m=m,
-        fluctuation=fluct,
-        basis=jnp.asarray(U, dtype),
-        diverged=diverged_at >= 0,
-        diverged_at=diverged_at,
-    )
+    return mom, num_samples
 
 
 def _check_batch_sizes(bs, n):

@@ -1,0 +1,230 @@
+r"""Where the typical minibatch SGD run on the quadratic network diverges
+(`sgd_divergence_boundary`): the largest learning rate at which at most half of
+the runs diverge, from a stochastic map of the Lotka-Volterra modes.
+
+The mean-loss moment equation (`sgd_moments`) says where the *mean* loss over
+the minibatches blows up; that mean is dominated by rare runs, and it blows up at
+a learning rate well below the one at which a typical run does (30-45% below at
+batch sizes 16-64). Nor is the typical run's divergence the loss of linear
+stability of the minimum: full-batch gradient descent past
+$\eta_{\rm flip} = 1/(2\lambda_{\max})$, $\lambda_{\max}$ the top eigenvalue of
+$\mathrm{diag}(\hat m)\,F_4$ at the minimum $\hat m$, settles on a bounded
+period-2 orbit and then a bounded chaotic one; it diverges only once that orbit
+reaches the far, unstable fixed point of the map (a boundary crisis; for one
+mode at exactly $2\eta_{\rm flip}$). Minibatch noise kicks the orbit across
+that point earlier. So the model keeps the nonlinear map and its noise, and
+counts runs:
+
+$$m \leftarrow (1 - 2\eta\,\hat g)^2 \odot m,\qquad
+\hat g = g(m) + \sqrt{c_b}\;\Sigma(m)^{1/2} z,\quad z \sim N(0, I_d),$$
+
+with $g_k = \mathbb E[e\,x_k^2]$ and $\Sigma_{kl} = \mathbb E[e^2 x_k^2 x_l^2]
+- g_k g_l$ the covariance of one sample's gradient at $M = \mathrm{diag}(m)$,
+$c_b = \frac{n-b}{b(n-1)}$ (draws without replacement from $n$ samples; $1/b$
+for $n = \infty$). The modes are those of the task (a common eigenbasis of the
+input covariance and the teacher); the minibatch gradient's off-diagonal part
+and the fluctuations it causes off the diagonal are left out (the map stays on
+diagonal $M$), and its law is replaced by a Gaussian with the right mean and
+covariance. A run diverges, as in `train`, once its loss is non-finite or above
+`divergence_factor` times $\max(L_0, L(M = 0))$. The fraction $f(\eta)$ of
+`paths` simulated runs that diverge within `num_steps` steps rises from 0 to 1
+with $\eta$; the boundary is where it crosses 1/2, found by bisection in
+$\log\eta$ with the same noise at every $\eta$ (common random numbers), so that
+$f$ is a step function of $\eta$ alone. Full batch ($c_b = 0$) is gradient
+descent on the modes, exactly. See the documentation's theory page on training
+methods.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from .._checks import check_shape, positive, static_int
+from ..tasks.gaussian import GaussianQuadraticTask
+from .sgd_moments import (
+    _check_batch_sizes,
+    _check_factor,
+    _modes,
+    _Moments,
+    _residual_moment,
+    _task_moments,
+)
+
+
+def sgd_divergence_boundary(
+    task: GaussianQuadraticTask,
+    batch_size: Float[ArrayLike, ""],
+    m0: Float[ArrayLike, " d"],
+    *,
+    num_steps: int,
+    noise_variance: Float[ArrayLike, ""] = 0.0,
+    samples: tuple[ArrayLike, ArrayLike] | None = None,
+    num_samples: int | None = None,
+    paths: int = 512,
+    key: PRNGKeyArray | None = None,
+    learning_rate_bounds: tuple[float, float] | None = None,
+    iterations: int = 20,
+    divergence_factor: float = 1e4,
+) -> Float[Array, ""]:
+    r"""Predict the largest constant learning rate at which at most half of the
+    minibatch SGD runs on the quadratic network diverge within `num_steps` steps
+    (the typical run's divergence boundary), from the stochastic mode map of the
+    module docstring.
+
+    The training it predicts is the one `sgd_moments` predicts the mean of:
+    `train(QuadraticNet(d), xs, ys, W0=W0, learning_rate=eta,
+    batch_size=batch_size, num_steps=num_steps)` from $W_0 W_0^\top$ diagonal in
+    the task's mode basis with diagonal `m0`; a run counts as diverged as in
+    `train`. With the full batch (`batch_size = num_samples`) the map is
+    gradient descent on the modes and the boundary is gradient descent's.
+
+    The boundary is $\eta_\star$ with $f(\eta_\star) = 1/2$, $f(\eta)$ the
+    fraction of `paths` simulated runs that diverge, by `iterations` bisection
+    steps in $\log\eta$ from `learning_rate_bounds` (to a relative resolution
+    $(\eta_{\rm hi}/\eta_{\rm lo})^{2^{-\rm iterations}}$); its statistical error
+    is about $0.5 / (\sqrt{\rm paths}\; f'(\eta_\star))$. One jitted program of
+    `iterations * num_steps` steps of `paths` runs, `O(d^4)` work each.
+
+    **Arguments:**
+
+    - `task`: a `gaussian_quadratic_task` whose covariance commutes with
+      `M_star`.
+    - `batch_size`: $b \ge 1$ (a real number: only $c_b$ enters; `<= num_samples`).
+    - `m0`: the initial mode amplitudes, shape `(d,)`, positive, in the basis
+      `sgd_moments` returns (`SGDMoments.basis`).
+    - `num_steps`: the number of steps a run has to diverge in (static int).
+    - `noise_variance`: $\sigma^2 \ge 0$ of the label noise (default 0).
+    - `samples`: `(xs, ys)`, shapes `(n, d)` and `(n,)` or `(n, 1)`: the moments
+      of this dataset instead of the Gaussian closed forms, as in
+      `sgd_moments` (`noise_variance` is then ignored; `num_samples` defaults
+      to `n`).
+    - `num_samples`: the dataset size minibatches are drawn from without
+      replacement (static int); `None` for fresh samples.
+    - `paths`: how many runs to simulate (static int, default 512).
+    - `key`: the PRNG key of the simulated noise (default `jax.random.key(0)`).
+    - `learning_rate_bounds`: `(lo, hi)`, a learning rate at which fewer than
+      half of the runs diverge and one at which at least half do. Default
+      $(\eta_{\rm flip}/8,\; 4\eta_{\rm flip})$ with
+      $\eta_{\rm flip} = 1/(2\lambda_{\max})$ gradient descent's stability limit
+      at the minimum (the boundary of gradient descent lies between
+      $\eta_{\rm flip}$ and about $2\eta_{\rm flip}$; noise lowers it).
+    - `iterations`: bisection steps (static int, default 20).
+    - `divergence_factor`: as in `train` (default `1e4`).
+
+    **Returns:** the predicted boundary $\eta_\star$, a scalar.
+
+    **Raises:** `ValueError` for a task that `sgd_moments` rejects, bad shapes,
+    a non-positive `m0`, `batch_size` outside $[1, n]$, non-integer `paths`,
+    `num_steps` or `iterations`, and (also under `jit`, through
+    `eqx.error_if`) when `learning_rate_bounds` does not bracket the boundary.
+    """
+    if not isinstance(task, GaussianQuadraticTask):
+        raise ValueError(
+            f"`task` must be a gaussian_quadratic_task, got {type(task).__name__}."
+        )
+    U, s_np, mu_np = _modes(task)
+    d = s_np.shape[0]
+    m0 = jnp.asarray(m0)
+    b = jnp.asarray(batch_size)
+    dtype = jnp.result_type(m0, b, task.covariance.dtype, float)
+    check_shape("m0", m0, (d,))
+    check_shape("batch_size", b, ())
+    m0 = positive("m0", m0.astype(dtype))
+    num_steps = static_int("num_steps", num_steps)
+    paths = static_int("paths", paths)
+    iterations = static_int("iterations", iterations, minimum=0)
+    factor = _check_factor(divergence_factor)
+    mom, n = _task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
+    b = _check_batch_sizes(b.astype(dtype), n)
+    if learning_rate_bounds is not None:
+        bounds = jnp.asarray(learning_rate_bounds, dtype)
+        check_shape("learning_rate_bounds", bounds, (2,))
+        bounds = positive("learning_rate_bounds", bounds)
+    else:
+        bounds = None
+    key = jax.random.key(0) if key is None else key
+    return _boundary(mom, n, b, m0, key, bounds, paths, num_steps, iterations, factor)
+
+
+@eqx.filter_jit
+def _boundary(mom, n, b, m0, key, bounds, paths, num_steps, iterations, factor):
+    c = 1.0 / b if n is None else (n - b) / (b * (n - 1))
+    if bounds is None:
+        flip = _flip_learning_rate(mom)
+        bounds = jnp.stack([flip / 8, 4 * flip])
+    noise = jax.random.normal(key, (paths, num_steps, m0.shape[0]), m0.dtype)
+    return _bisect(mom, c, m0, noise, bounds, iterations, factor)
+
+
+def _flip_learning_rate(mom: _Moments):
+    """$1/(2\\lambda_{\\max})$, $\\lambda_{\\max}$ the top eigenvalue of
+    $\\mathrm{diag}(\\hat m) F_4$ at the least-squares minimum $F_4 \\hat m =
+    c_y$ (modes with $\\hat m_k < 0$, which the network cannot reach, set to 0):
+    where the full-batch map's minimum turns unstable."""
+    m_hat = jnp.maximum(jnp.linalg.solve(mom.F4, mom.cy), 0.0)
+    r = jnp.sqrt(m_hat)
+    return 1.0 / (2 * jnp.linalg.eigvalsh(r[:, None] * mom.F4 * r[None, :])[-1])
+
+
+def _loss(mom: _Moments, m):
+    return 0.5 * (m @ mom.F4 @ m - 2 * mom.cy @ m + mom.y2)
+
+
+def _diverged_fraction(mom, c, m0, noise, eta, factor):
+    """The fraction of the runs (one per row of `noise`, `(paths, T, d)`) whose
+    loss leaves `factor * max(L(m0), L(0))` within `T` steps."""
+    threshold = factor * jnp.maximum(_loss(mom, m0), _loss(mom, jnp.zeros_like(m0)))
+
+    d = m0.shape[0]
+    F8_trace = jnp.einsum("ijkk->ij", mom.F8)
+
+    def run(z):
+        def step(carry, z_t):
+            m, out = carry
+            g = mom.F4 @ m - mom.cy
+            mm = jnp.outer(m, m)
+            cov = _residual_moment(mom, m, mm) - jnp.outer(g, g)
+            # the covariance is PSD, but singular at a noiseless minimum, and it
+            # is a difference of O(1) terms that rounds: factor it (Cholesky, ten
+            # times cheaper than eigh here) with a jitter at the rounding level
+            # of those terms, tr(Y8) + tr(E[(x^T M x)^2 x x^T]) (they bound the
+            # cross term)
+            scale = jnp.trace(mom.Y8) + jnp.sum(mm * F8_trace)
+            jitter = 100 * jnp.finfo(m.dtype).eps * scale
+            chol = jnp.linalg.cholesky(cov + jitter * jnp.eye(d, dtype=m.dtype))
+            g_hat = g + jnp.sqrt(c) * (chol @ z_t)
+            new = (1 - 2 * eta * g_hat) ** 2 * m
+            L = _loss(mom, new)
+            out = out | ~jnp.isfinite(L) | (L > threshold)
+            # a diverged run is frozen, so nothing overflows
+            return (jnp.where(out, m, new), out), None
+
+        (_, out), _ = jax.lax.scan(step, (m0, jnp.asarray(False)), z)
+        return out
+
+    return jnp.mean(jax.vmap(run)(noise))
+
+
+def _bisect(mom, c, m0, noise, bounds, iterations, factor):
+    # one loop, one call of the simulation (compiled once): passes 0 and 1
+    # evaluate the bounds, the rest bisect in log eta
+    def body(i, state):
+        lo, hi, ok = state
+        log_eta = jnp.where(i == 0, lo, jnp.where(i == 1, hi, (lo + hi) / 2))
+        up = _diverged_fraction(mom, c, m0, noise, jnp.exp(log_eta), factor) >= 0.5
+        ok = ok & jnp.where(i == 0, ~up, jnp.where(i == 1, up, True))
+        bisect = i >= 2
+        lo = jnp.where(bisect & ~up, log_eta, lo)
+        hi = jnp.where(bisect & up, log_eta, hi)
+        return lo, hi, ok
+
+    state = (jnp.log(bounds[0]), jnp.log(bounds[1]), jnp.asarray(True))
+    lo, hi, ok = jax.lax.fori_loop(0, iterations + 2, body, state)
+    eta = jnp.exp((lo + hi) / 2)
+    return eqx.error_if(
+        eta,
+        ~ok,
+        "`learning_rate_bounds` must bracket the boundary: fewer than half of the "
+        "runs diverge at the lower bound and at least half at the upper one.",
+    )
