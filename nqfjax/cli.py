@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 
 import nqfjax
+from nqfjax.experiments.predict_file import DEFAULT_WIDTH
 from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
 
@@ -389,6 +390,15 @@ columns y, y0, y1, ... (or y_NAME) the targets and the others the features.
 Or --dataset NAME: a real data set from scikit-learn or MNIST-1D (standardised,
 one-hot targets minus their means; `pip install 'nqfjax[data]'`).
 
+width: the prediction is the layer's quadratic form. The real layer's cubic
+term is shared by its units, so the trained network follows the prediction
+better the wider it is (and M = W W^T has rank at most the width). Measured
+with --train (tanh perceptron, init 1e-4): on wine the switch-ons were 26-47%
+off at width 4, within 1.8% at 16 and 0.5% at 64; on digits (9 modes) only 4
+could be timed at width 4, the median error was 5% at 16 and 0.9% at 64; the
+run time did not depend on the width. The default is 64; give the width you
+train.
+
 outputs (in OUT): prediction.json (every number) and prediction.png (the
 predicted curve, the switch-on times, and the trained curve with --train)."""
 
@@ -455,7 +465,13 @@ def _add_predict_parser(sub) -> None:
         type=float,
         help="learning rate (default: growth rate 0.01 per step for the first mode)",
     )
-    predict.add_argument("--width", type=int, default=4, help="units (default: 4)")
+    predict.add_argument(
+        "--width",
+        type=int,
+        default=DEFAULT_WIDTH,
+        help=f"units (default: {DEFAULT_WIDTH}; the real layer follows its quadratic "
+        "form better the wider it is: give the width you train)",
+    )
     predict.add_argument(
         "--steps", type=int, help="horizon in steps (default: past the third mode)"
     )

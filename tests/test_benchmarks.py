@@ -32,12 +32,19 @@ import nqfjax
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def run_quick(script: str, tmp_path: Path) -> dict:
+def run_quick(script: str, tmp_path: Path, *extra: str) -> dict:
     out = tmp_path / f"{Path(script).stem}.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(out)],
+        [
+            sys.executable,
+            str(BENCHMARKS / script),
+            "--quick",
+            "--json",
+            str(out),
+            *extra,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -174,3 +181,26 @@ def test_predict_agreement_quick(tmp_path):
     # measured -8.2%, -8.2%, 0.029 in log loss)
     lv_errors = np.abs(iris["approximate_lv"]["time_errors"])
     assert np.all((lv_errors > 0.02) & (lv_errors < 0.15))
+
+
+@pytest.mark.slow  # the quick benchmark twice (three engines compiled each time)
+def test_predict_cost_quick(tmp_path):
+    # the quick mode at p = 16 only, twice: with the W-space timed to the horizon
+    # (an infinite budget), then extrapolated from the probe (a zero budget)
+    quick = ("predict_cost.py", tmp_path, "--sizes", "16", "--w-budget")
+    result = run_quick(*quick, "1e9")
+    (row,) = result["rows"]
+    assert row["p"] == 16 and row["W_extrapolated_from_steps"] is None
+    assert all(np.isfinite(v) and v > 0 for v in row["seconds"].values())
+    # the M-space flow against the real tanh layer trained to the same step: the
+    # cubic term of tanh at 64 units and GD's discretisation (measured 0.08 in
+    # log loss at p = 16), not the solver
+    assert 0 < row["mflow_vs_W_max_dlogL"] < 0.15
+    assert row["solver_steps"]["M-flow"] > 0 and row["solver_steps"]["LV"] > 0
+    result = run_quick(*quick, "0")
+    (row,) = result["rows"]
+    # forced extrapolation: the probe's steps are recorded, the curve check is
+    # left out, the time is the probe's scaled to the horizon (finite, > 0)
+    assert row["W_extrapolated_from_steps"] == 500
+    assert row["mflow_vs_W_max_dlogL"] is None
+    assert np.isfinite(row["seconds"]["W-space"]) and row["seconds"]["W-space"] > 0
