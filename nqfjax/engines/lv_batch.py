@@ -22,6 +22,7 @@ from ..tasks.lotka_volterra import LotkaVolterra, _interactions
 from ._integrate import Solution, _tolerance_checks, check_times
 from ._rosenbrock import (
     RODAS4,
+    _combine,
     dense_output,
     exponent_clip,
     lv_dense_solver,
@@ -96,6 +97,62 @@ def _member_step(system, y0, h, y_max):
     return rosenbrock_stages(RODAS4, lambda t, y: _rates(y, args), solve, 0.0, y0, h)
 
 
+def _structured_step(system, y0, h, y_max, *, axes):
+    r"""One Rodas4 step of every member, `B = diag(d) + U U^T`, as batched
+    arithmetic: `(y1, err, H)` with `H` of shape `(n, r, p)`.
+
+    The same step as `_member_step` (`rosenbrock_stages` with
+    `lv_woodbury_solver`), with the products by `U` of the field and of the
+    Woodbury solve merged, one product per stage instead of two: with
+    $w = \gamma h\, m / a$, $a = 1 + \gamma h\, d\, m$ and $P = U^T
+    \mathrm{diag}(w)\, U$, a stage with $v = r - \delta - d\, m_s + \sum_j C_{ij}
+    k_j / h$ is $k = (\gamma h / a)\,(v - U (s_1 + c))$ with $s_1 = U^T m_s$,
+    $s_2 = U^T (w v)$ and $c = (I + P)^{-1} (s_2 - P s_1)$. On 64 members of 64
+    modes this cut the step's time by 15-30% (fewer, larger kernels)."""
+    tab = RODAS4
+    r, _, d, U, decay = system
+    row = lambda x, ax: x if ax == 0 else x[None]  # (n or 1, ...)
+    r, d, U = row(r, axes[0]), row(d, axes[2]), row(U, axes[3])
+    decay = decay[:, None] if axes[4] == 0 else decay
+    n, q = y0.shape[0], U.shape[-1]
+    shared = axes[3] is None
+
+    def u_t(x):  # (k, p) -> U^T x, (k, q)
+        return x @ U[0] if shared else jnp.einsum("np,npq->nq", x, U)
+
+    def u(s):  # (n, q) -> U s, (n, p)
+        return s @ U[0].T if shared else jnp.einsum("nq,npq->np", s, U)
+
+    gh = tab.gamma * h[:, None]
+    m = jnp.exp(jnp.minimum(y0, y_max))
+    inv_a = 1 / (1 + gh * d * m)
+    w = gh * m * inv_a
+    if q:
+        spec = "np,pq,pr->nqr" if shared else "np,npq,npr->nqr"
+        P = jnp.einsum(spec, w, *((U[0], U[0]) if shared else (U, U)))
+        S = jnp.eye(q, dtype=y0.dtype)[None] + P
+    ks = []
+    for i in range(tab.num_stages):
+        y_s = y0 if i == 0 else y0 + _combine(tab.a[i], ks)
+        m_s = m if i == 0 else jnp.exp(jnp.minimum(y_s, y_max))
+        v = r - decay - d * m_s
+        if i > 0:
+            v = v + _combine(tab.C[i], ks) / h[:, None]
+        if q == 0:  # B diagonal
+            ks.append(gh * inv_a * v)
+            continue
+        if shared:  # one product for both: stack the two along the batch
+            s12 = u_t(jnp.concatenate([m_s, w * v]))
+            s1, s2 = s12[:n], s12[n:]
+        else:
+            s1, s2 = u_t(m_s), u_t(w * v)
+        rhs = s2 - jnp.einsum("nqr,nr->nq", P, s1)
+        c = rhs / S[:, 0] if q == 1 else jnp.linalg.solve(S, rhs[..., None])[..., 0]
+        ks.append(gh * inv_a * (v - u(s1 + c)))
+    y1 = y0 + _combine(tab.m, ks)
+    return y1, ks[-1], jnp.stack([_combine(row, ks) for row in tab.H], axis=1)
+
+
 def _max_last(x):
     """`max(x, axis=-1)` as a tree of elementwise maxima, which XLA fuses into one
     loop (its CPU reduction of the fused error norm was the loop's slowest
@@ -161,7 +218,10 @@ def _integrate_chunk(system, axes, y0, times, t_start, dt0, rtol, atol, max_step
     t_floor = t_end
     for _ in range(100):
         t_floor = jnp.nextafter(t_floor, jnp.asarray(-jnp.inf, dtype))
-    step = jax.vmap(_member_step, in_axes=(axes, 0, 0, None))
+    if system[2] is None:  # dense B: an LU per member
+        step = jax.vmap(_member_step, in_axes=(axes, 0, 0, None))
+    else:
+        step = functools.partial(_structured_step, axes=axes)
 
     def cond(carry):
         t, it = carry[0], carry[-1]
