@@ -36,10 +36,11 @@ from .lv import _check_m0, _default_tolerances, _log_floor, _rates
 # of its loss
 _FIELDS = ("r", "B_dense", "B_diag", "B_factor", "decay")
 _LOSS_FIELDS = ("loss_scale", "loss_offset")
-# diffrax's PIDController defaults (an integral controller), with the error
-# order of Rodas4 (its order + 1): the step sequence of `solve_lv`
+# diffrax's PIDController defaults (an integral controller), with diffrax's
+# error order for an ODE solver, its order (the embedded method's order + 1):
+# the step sequence of `solve_lv`
 _SAFETY, _FACTOR_MIN, _FACTOR_MAX = 0.9, 0.2, 10.0
-_ERROR_ORDER = RODAS4.order + 1
+_ERROR_ORDER = RODAS4.order
 _MAX_STEPS_MSG = (
     "The solver took `max_steps` = {} steps without reaching the last time of "
     "`ts` for members {} of the batch. Increase `max_steps`, or loosen `atol` "
