@@ -383,8 +383,8 @@ def solve_lv_batch(
     finite or below the smallest normal number, `ts` empty, not increasing or
     before `t0`, a negative or non-finite tolerance, `max_steps < 1` or
     `chunk_size < 1` (traced values: at run time, through `eqx.error_if`);
-    `EquinoxRuntimeError` naming `max_steps` and the members when `throw` and a
-    member ran out of steps.
+    a `RuntimeError` naming `max_steps` (and, called eagerly, the members: an
+    `eqx.EquinoxRuntimeError`) when `throw` and a member ran out of steps.
     """
     m0 = jnp.asarray(m0)
     if m0.ndim != 2:
