@@ -40,6 +40,7 @@ from .engines.lv import (
     solve_lv as solve_lv,
     solve_lv_schedule as solve_lv_schedule,
 )
+from .engines.lv_batch import solve_lv_batch as solve_lv_batch
 from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,

@@ -302,6 +302,71 @@ def _lu_solver(A):
     return solve
 
 
+def rosenbrock_stages(tableau, f, solve, t0, y0, h, ft=None):
+    r"""One Rosenbrock step of `tableau` from `(t0, y0)` over `h`: the stages
+    $k_i$ (see `RosenbrockTableau`), each `solve(rhs)` of a right-hand side built
+    from `f(t, y)`; `ft` is $\partial f / \partial t$ (None: autonomous).
+
+    **Returns:** `(y1, err, H)`: the new state, the error estimate (the last
+    stage) and the dense-output rows, shape `(r, *y0.shape)`.
+    """
+    ks = []
+    for i in range(len(tableau.c)):
+        y_stage = y0 if i == 0 else y0 + _combine(tableau.a[i], ks)
+        rhs = f(t0 + tableau.c[i] * h, y_stage)
+        if i > 0:
+            rhs = rhs + _combine(tableau.C[i], ks) / h
+        if ft is not None and tableau.d[i] != 0.0:
+            rhs = rhs + (tableau.d[i] * h) * ft
+        ks.append(solve(rhs))
+    y1 = y0 + _combine(tableau.m, ks)
+    return y1, ks[-1], jnp.stack([_combine(r, ks) for r in tableau.H])
+
+
+def dense_output(y0, y1, H, theta):
+    r"""The dense output $(1-\theta) y_0 + \theta (y_1 + (1-\theta)(H_1 + \theta
+    (H_2 + \dots)))$ at the fraction `theta` of the step (broadcasting)."""
+    inner = H[-1]
+    for H_r in H[-2::-1]:
+        inner = H_r + theta * inner
+    return (1 - theta) * y0 + theta * (y1 + (1 - theta) * inner)
+
+
+def lv_dense_solver(B, m, g, gh):
+    """`b -> gh W^{-1} b` with `W = I + g B diag(m)` (dense `B`, one LU)."""
+    eye = jnp.eye(m.shape[0], dtype=m.dtype)
+    solve = _lu_solver(eye + g * B.astype(m.dtype) * m[None, :])
+    return lambda b: solve(gh * b)
+
+
+def lv_woodbury_solver(d, U, m, g, gh):
+    """`b -> gh W^{-1} b` with `W = I + g (diag(d) + U U^T) diag(m)`, by Woodbury.
+
+    Hand-written: no library solves diag + low rank with the analytic log-space
+    Jacobian. `W = A + g U (M U)^T` with `A = I + g diag(d m)` diagonal:
+    `W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1`, with the capacitance
+    `S = I + g U^T diag(m / A) U` (symmetric positive definite when `g > 0`,
+    `d >= 0`). `O(p q^2 + q^3)`; `q = 0` is a diagonal `B`."""
+    dtype = m.dtype
+    d = d.astype(dtype)
+    U = U.astype(dtype)
+    q = U.shape[1]
+    a = 1 + g * d * m
+    if q == 0:  # B diagonal: independent modes
+        return lambda b: gh * b / a
+    S = jnp.eye(q, dtype=dtype) + g * (U.T * (m / a)[None, :]) @ U
+    if q == 1:
+        solve_small = lambda v: v / S[0, 0]
+    else:
+        solve_small = _lu_solver(S)
+
+    def solve(b):
+        z = gh * b / a
+        return z - g * (U @ solve_small(U.T @ (m * z))) / a
+
+    return solve
+
+
 def exponent_clip(dtype) -> float:
     """The largest exponent let through `exp`: a quarter of the log of the largest
     float (177 in float64, 22 in float32), as in `solve_lv`, so that a rejected
@@ -325,10 +390,7 @@ class RosenbrockInterpolation(diffrax.AbstractLocalInterpolation):
         if t1 is not None:
             return self.evaluate(t1) - self.evaluate(t0)
         theta = ((t0 - self.t0) / (self.t1 - self.t0)).astype(self.y0.dtype)
-        inner = self.H[-1]
-        for H_r in self.H[-2::-1]:
-            inner = H_r + theta * inner
-        return (1 - theta) * self.y0 + theta * (self.y1 + (1 - theta) * inner)
+        return dense_output(self.y0, self.y1, self.H, theta)
 
 
 class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
@@ -509,29 +571,8 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         # W = I - gh J = I + g B diag(m), with g = sign * gh.
         g = sign * gh
         if self.mode == "dense":
-            solve = _lu_solver(eye + g * self.B.astype(dtype) * m[None, :])
-            return (lambda b: solve(gh * b)), None
-        # Hand-written Woodbury: no library solves diag + low rank with the analytic
-        # log-space Jacobian. W = A + g U (M U)^T with A = I + g diag(d m) diagonal:
-        # W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1, with the capacitance
-        # S = I + g U^T diag(m / A) U (symmetric positive definite when g > 0, d >= 0).
-        d = self.diag.astype(dtype)
-        U = self.factor.astype(dtype)
-        q = U.shape[1]
-        a = 1 + g * d * m
-        if q == 0:  # B diagonal: independent modes
-            return (lambda b: gh * b / a), None
-        S = jnp.eye(q, dtype=dtype) + g * (U.T * (m / a)[None, :]) @ U
-        if q == 1:
-            solve_small = lambda v: v / S[0, 0]
-        else:
-            solve_small = _lu_solver(S)
-
-        def solve(b):
-            z = gh * b / a
-            return z - g * (U @ solve_small(U.T @ (m * z))) / a
-
-        return solve, None
+            return lv_dense_solver(self.B, m, g, gh), None
+        return lv_woodbury_solver(self.diag, self.factor, m, g, gh), None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -549,15 +590,6 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
             return sign * terms.vf(t, y, args).astype(dtype)
 
         solve, ft = self._linear_solve(f, t0, y0, tab.gamma * h, sign)
-        ks = []
-        for i in range(len(tab.c)):
-            y_stage = y0 if i == 0 else y0 + _combine(tab.a[i], ks)
-            rhs = f(t0 + tab.c[i] * (t1 - t0), y_stage)
-            if i > 0:
-                rhs = rhs + _combine(tab.C[i], ks) / h
-            if ft is not None and tab.d[i] != 0.0:
-                rhs = rhs + (tab.d[i] * h) * ft
-            ks.append(solve(rhs))
-        y1 = y0 + _combine(tab.m, ks)
-        dense_info = dict(y0=y0, y1=y1, H=jnp.stack([_combine(r, ks) for r in tab.H]))
-        return y1, ks[-1], dense_info, None, diffrax.RESULTS.successful
+        y1, err, H = rosenbrock_stages(tab, f, solve, t0, y0, h, ft)
+        dense_info = dict(y0=y0, y1=y1, H=H)
+        return y1, err, dense_info, None, diffrax.RESULTS.successful
