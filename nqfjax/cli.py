@@ -46,7 +46,7 @@ minute on two CPU cores, --quick about half that once its programs are cached.
 Compiled programs are kept in JAX's persistent compilation cache, in
 $XDG_CACHE_HOME/nqfjax/jax (default ~/.cache/nqfjax/jax), so a second run
 compiles only the programs JAX cannot cache (those holding runtime checks: the
-ODE solves and the vmapped sweep). Set NQFJAX_NO_COMPILATION_CACHE=1 to keep
+M-space flow's solve and the vmapped sweep). Set NQFJAX_NO_COMPILATION_CACHE=1 to keep
 nothing; a cache folder of your own (JAX_COMPILATION_CACHE_DIR) is used as it is."""
 
 _SWEEP = """\
@@ -139,10 +139,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a smaller problem with the same four figures and five checks: two "
         "modes instead of three, 100 records instead of 400, three init scales, "
-        "500 power-law modes, explicit ODE solvers and the closed-form power law; "
-        "measured on a loaded two-core machine: 36 s of CPU with a warm "
-        "compilation cache, 63 s cold (the full demo's compilations dominate "
-        "either)",
+        "1000 power-law modes in closed form, an explicit solver for the M-space "
+        "flow; measured on an idle two-core machine: 24 s (27 s of CPU) with a "
+        "warm compilation cache, 45 s (54 s of CPU) cold; compiling and tracing "
+        "dominate either",
     )
 
     sweep = sub.add_parser(
@@ -248,7 +248,7 @@ def compilation_cache_dir(environ=os.environ) -> Path | None:
 def _enable_compilation_cache() -> None:
     # Most of a first `demo --quick` is compiling; cached programs are read back
     # on the next run (measured: README). Programs holding a runtime check
-    # (`eqx.error_if`, a host callback: the ODE solves, the vmapped sweep) are
+    # (`eqx.error_if`, a host callback: diffrax's solves, the vmapped sweep) are
     # never cached by JAX and are compiled every time. Every program is cached,
     # however quick to compile: the demo's ~200 small ones add up.
     path = compilation_cache_dir()

@@ -25,6 +25,7 @@ from .. import plots
 from .._curves import first_crossing
 from ..analysis.power_law import fit_power_law
 from ..engines.lv import lv_reduce, solve_lv
+from ..engines.lv_batch import solve_lv_batch
 from ..engines.mflow import solve_mflow
 from ..engines.train import train
 from ..io import atomic_write_text
@@ -61,13 +62,15 @@ class DemoConfig:
     it (measured: the slowest mode's slope 19% low over 1e-4..1e-10, and with 8x
     larger singular values 7% low over 1e-3..1e-7).
 
-    `explicit_mflow` and `explicit_lv` integrate the M-space flow and the
-    Lotka-Volterra system with an explicit solver (`diffrax.Tsit5`, enough for
+    The Lotka-Volterra systems are integrated with `solve_lv_batch` (the same
+    steps and numbers as `solve_lv`'s default Rosenbrock solver, in one loop
+    whose compiled program JAX's persistent cache can keep across runs), or with
+    `solve_lv` and an explicit solver (`diffrax.Tsit5`) when `explicit_lv`.
+    `explicit_mflow` integrates the M-space flow with `diffrax.Tsit5` (enough for
     this small, mildly stiff problem and much quicker to compile) instead of
-    `solve_mflow`'s and `solve_lv`'s defaults; `closed_form_power_law` takes the
-    power-law curve from the exact logistic solution of its independent modes
-    instead of integrating them with `solve_lv`. `DemoConfig.quick()` sets all
-    three.
+    `solve_mflow`'s default; `closed_form_power_law` takes the power-law curve
+    from the exact logistic solution of its independent modes instead of
+    integrating them. `DemoConfig.quick()` sets these two.
     """
 
     d: int = 6
@@ -102,8 +105,8 @@ class DemoConfig:
         three (so half the steps), a quarter of the records, three init scales, a
         half the power-law modes (at eps = 1e-8, where 1000 modes still give
         a fit window of 1.4 decades, as 2000 do at eps = 1e-16; `fit_power_law`
-        calls less than a decade a single drop); the explicit M-space and Lotka-Volterra
-        solvers and the closed-form power law. The same figures and checks, at
+        calls less than a decade a single drop); the explicit M-space flow solver and
+        the closed-form power law. The same figures and checks, at
         the same tolerances (the checked numbers agree with those of the
         default solvers to the digits printed). Most of its time is compiling:
         `nqfjax demo` caches the programs JAX can cache (README)."""
@@ -120,7 +123,6 @@ class DemoConfig:
             power_law_modes=1000,
             power_law_eps=1e-8,
             explicit_mflow=True,
-            explicit_lv=True,
             closed_form_power_law=True,
         )
 
@@ -181,9 +183,12 @@ def _problem(cfg: DemoConfig) -> _Problem:
     return _Problem(structure, xs, ys, task, lv, np.asarray(basis), learn)
 
 
-def _lv_solver(cfg: DemoConfig):
-    """`solve_lv`'s solver: its default (Rosenbrock), or `diffrax.Tsit5`."""
-    return diffrax.Tsit5() if cfg.explicit_lv else None
+def _solve_lv(cfg: DemoConfig, lv, m0, ts):
+    """`m(ts)` of one system: `solve_lv_batch` (a batch of one), or `solve_lv`
+    with `diffrax.Tsit5` when `cfg.explicit_lv`."""
+    if cfg.explicit_lv:
+        return solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).ys
+    return solve_lv_batch(lv, jnp.asarray(m0)[None], ts).ys[0]
 
 
 class _Engines(NamedTuple):
@@ -227,7 +232,7 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
     M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
     L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
-    L_lv = np.asarray(solve_lv(pb.lv, m0, ts, solver=_lv_solver(cfg)).loss)
+    L_lv = _loss_curve(pb.lv, _solve_lv(cfg, pb.lv, m0, ts))
     L_w = np.asarray(res.loss)
     mstar = np.asarray(pb.lv.fixed_point_isolated())[pb.learn]
     t_pred = np.asarray(switch_on_times(pb.lv, m0))[pb.learn]
@@ -264,12 +269,9 @@ def _staircase(cfg: DemoConfig, lv, m0, log_eps):
     stair_loss = np.asarray(stair.loss_tau(tau_grid))
     rescaled = {}
     for c in (1, 2, 4, 8):
-        m_c = solve_lv(
-            lv,
-            np.exp(c * np.log(m0)),
-            jnp.asarray(tau_grid * c * log_eps),
-            solver=_lv_solver(cfg),
-        ).ys
+        m_c = _solve_lv(
+            cfg, lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps)
+        )
         # typical amplitude eps^c: an init scale of about sigma eps^((c-1)/2)
         eps, sigma = (
             np.exp(-c * log_eps),
@@ -551,8 +553,8 @@ def run_demo(
     - `out_dir`: where `staircase.png`, `init_scale.png`, `power_law.png`,
       `structures.png`, `report.json` and `report.md` go (created if needed).
     - `quick`: `DemoConfig.quick()`, a smaller problem (two modes, fewer
-      records, three init scales, 500 power-law modes, explicit ODE solvers)
-      with the same checks.
+      records, three init scales, 1000 power-law modes in closed form, an
+      explicit M-space flow solver) with the same checks.
     - `config`: override the defaults entirely.
     - `progress`: show a progress bar over the stages.
     - `log`: where to send one-line status messages (default: nowhere).
