@@ -6,6 +6,7 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import nqfjax
 
@@ -112,3 +113,15 @@ def jit_unit(structure, w, x):
 @eqx.filter_jit
 def jit_nqf(structure, W, x):
     return nqfjax.nqf_apply(structure, W, x)
+
+
+def lv_interactions(p: int):
+    """A Lotka-Volterra system with `B = diag(d) + U U^T`, `U` of rank 2 (the
+    quadratic network with Gaussian inputs plus a second interaction direction),
+    and `r = B 1`, so that every mode has `m* = 1` and eventually switches on.
+    Returns `(r, B, d, U)`."""
+    lam = 1.0 / np.arange(1, p + 1)
+    d = 2 * lam**2
+    U = np.stack([lam, 0.5 * lam**2], axis=1)
+    B = np.diag(d) + U @ U.T
+    return B @ np.ones(p), B, d, U

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import lv_interactions
 from scipy.integrate import solve_ivp
 
 from nqfjax import LotkaVolterra, solve_lv, solve_lv_batch
@@ -18,13 +19,7 @@ ATOL = 1e-8  # on log m: the relative error of m per step
 
 
 def _interactions(p=P):
-    """`B = diag(d) + U U^T` with a rank-2 `U`; `r = B 1`, so every mode has
-    `m* = 1` and eventually switches on."""
-    lam = 1.0 / np.arange(1, p + 1)
-    d = 2 * lam**2
-    U = np.stack([lam, 0.5 * lam**2], axis=1)
-    B = np.diag(d) + U @ U.T
-    return B @ np.ones(p), B, d, U
+    return lv_interactions(p)
 
 
 def _m0(n=4, p=P, seed=0):

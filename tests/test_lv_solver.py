@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import lv_interactions
 from scipy.integrate import solve_ivp
 
 from nqfjax import LotkaVolterra, solve_lv
@@ -24,14 +25,7 @@ P = 5
 
 
 def _interactions(p=P):
-    """`B = diag(d) + U U^T` with a rank-2 `U` (quadratic network with Gaussian
-    inputs plus a second interaction direction); `r = B 1` so that every mode has
-    `m* = 1` and eventually switches on."""
-    lam = 1.0 / np.arange(1, p + 1)
-    d = 2 * lam**2
-    U = np.stack([lam, 0.5 * lam**2], axis=1)
-    B = np.diag(d) + U @ U.T
-    return B @ np.ones(p), B, d, U
+    return lv_interactions(p)
 
 
 def _solvers(B, d, U):

@@ -119,10 +119,6 @@ def sgd_divergence_boundary(
     `num_steps` or `iterations`, and (also under `jit`, through
     `eqx.error_if`) when `learning_rate_bounds` does not bracket the boundary.
     """
-    if not isinstance(task, GaussianQuadraticTask):
-        raise ValueError(
-            f"`task` must be a gaussian_quadratic_task, got {type(task).__name__}."
-        )
     U, s_np, mu_np = _modes(task)
     d = s_np.shape[0]
     m0 = jnp.asarray(m0)

@@ -109,7 +109,12 @@ def _wick4(d: int) -> np.ndarray:
 
 def _modes(task: GaussianQuadraticTask, rtol: float = 1e-6):
     """`(basis, s, mu)`: a common eigenbasis of `S` and `M_star`, and their
-    eigenvalues in it; `ValueError` when they do not commute."""
+    eigenvalues in it; `ValueError` when `task` is not a Gaussian quadratic
+    task or its two matrices do not commute."""
+    if not isinstance(task, GaussianQuadraticTask):
+        raise ValueError(
+            f"`task` must be a gaussian_quadratic_task, got {type(task).__name__}."
+        )
     S, Ms = np.asarray(task.covariance), np.asarray(task.M_star)
     scale_s = max(np.abs(S).max(), 1e-300)
     scale_m = max(np.abs(Ms).max(), 1e-300)
@@ -271,10 +276,6 @@ def sgd_moments(
     non-positive learning rates, batch sizes below 1 or above `num_samples`, a
     non-positive `m0` or a negative noise variance (`eqx.error_if` under `jit`).
     """
-    if not isinstance(task, GaussianQuadraticTask):
-        raise ValueError(
-            f"`task` must be a gaussian_quadratic_task, got {type(task).__name__}."
-        )
     U, s_np, mu_np = _modes(task)
     d = s_np.shape[0]
     eta = jnp.asarray(learning_rates)
