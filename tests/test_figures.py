@@ -371,7 +371,7 @@ def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkey
     """`nqfjax sweep` on a quadratic network (exactly the quadratic form) trained
     by GD from small init: the ticks are `predict`'s switch-on times, and each
     first tick falls inside the measured first drop."""
-    from nqfjax.experiments import sweep_config as sc
+    from nqfjax.experiments import sweep_config as sc, sweep_run
 
     config = sc.parse_sweep_config(
         {
@@ -395,11 +395,11 @@ def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkey
     figures = []
     plot = plots.plot_sweep
     monkeypatch.setattr(
-        sc.plots,
+        sweep_run.plots,
         "plot_sweep",
         lambda *a, **k: figures.append(plot(*a, **k)) or figures[-1],
     )
-    summary = sc.run_sweep_config(config, tmp_path, progress=False)
+    summary = sweep_run.run_sweep_config(config, tmp_path, progress=False)
     (fig,) = figures
     (legend,) = _check_legends(fig)
     assert "predicted switch-on\n(theory, first seed)" in [
@@ -412,7 +412,7 @@ def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkey
     steps, loss = data["steps"], data["loss"]
     structure = config.structure("quadratic")
     with jax.enable_x64(True):
-        xs, ys = sc._make_data(config, structure, np.float64)
+        xs, ys = sweep_run._make_data(config, structure, np.float64)
         for s, sigma in enumerate(config.grid["init_scale"]):
             pred = nqfjax.predict(
                 structure, xs, ys, init_scale=sigma, learning_rate=0.01, width=4,

@@ -254,7 +254,7 @@ def test_solve_lv_float32_from_1e30():
     np.testing.assert_allclose(m32, m64, rtol=1e-3)
 
 
-@pytest.mark.slow  # a long physics check (the slow tier): 8 forward solves and a gradient
+@pytest.mark.slow  # a long physics check (the slow tier)
 def test_solve_lv_grad_matches_finite_differences():
     """d loss(m(t)) / d r through diffrax (RecursiveCheckpointAdjoint) against
     fourth-order central finite differences, float64, at a time in mid-transition
