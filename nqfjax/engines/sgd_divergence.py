@@ -47,6 +47,7 @@ from .sgd_moments import (
     _check_factor,
     _modes,
     _Moments,
+    _noise_factor,
     _residual_moment,
     _task_moments,
 )
@@ -145,7 +146,7 @@ def sgd_divergence_boundary(
 
 @eqx.filter_jit
 def _boundary(mom, n, b, m0, key, bounds, paths, num_steps, iterations, factor):
-    c = 1.0 / b if n is None else (n - b) / (b * (n - 1))
+    c = _noise_factor(b, n)
     if bounds is None:
         flip = _flip_learning_rate(mom)
         bounds = jnp.stack([flip / 8, 4 * flip])

@@ -187,6 +187,13 @@ def _residual_moment(mom: _Moments, m, second):
     ).reshape(d, d) + mom.Y8
 
 
+def _noise_factor(b, n):
+    """`c_b = (n - b) / (b (n - 1))`: the variance of a minibatch mean of `b`
+    draws without replacement from `n` samples, per unit of one sample's
+    variance (`1 / b` for fresh samples, `n = None`)."""
+    return 1.0 / b if n is None else (n - b) / (b * (n - 1))
+
+
 def _step(mom: _Moments, n, state, eta, b):
     """One step of the moment map: `(m, C, V) -> (m', C', V')`."""
     m, C, V = state
@@ -194,7 +201,7 @@ def _step(mom: _Moments, n, state, eta, b):
     off = 1.0 - jnp.eye(d, dtype=m.dtype)
     g = mom.F4 @ m - mom.cy  # E[e x_k^2] = G_kk at the mean
     E2 = _residual_moment(mom, m, jnp.outer(m, m) + C + 2 * V)
-    c = 1.0 / b if n is None else (n - b) / (b * (n - 1))
+    c = _noise_factor(b, n)
     A = 1 - 2 * eta * g
     # -2 eta E[K[dM] dM + dM K[dM]]_kk: the fluctuations' share of the saturation
     saturation = 2 * jnp.sum(mom.F4 * V, axis=1) + jnp.sum(mom.F4 * C, axis=1)
