@@ -183,12 +183,12 @@ def _problem(cfg: DemoConfig) -> _Problem:
     return _Problem(structure, xs, ys, task, lv, np.asarray(basis), learn)
 
 
-def _solve_lv(cfg: DemoConfig, lv, m0, ts):
-    """`m(ts)` of one system: `solve_lv_batch` (a batch of one), or `solve_lv`
-    with `diffrax.Tsit5` when `cfg.explicit_lv`."""
+def _lv_loss(cfg: DemoConfig, lv, m0, ts) -> np.ndarray:
+    """The loss of one system at `ts`, as the solver returns it: `solve_lv_batch`
+    (a batch of one), or `solve_lv` with `diffrax.Tsit5` when `cfg.explicit_lv`."""
     if cfg.explicit_lv:
-        return solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).ys
-    return solve_lv_batch(lv, jnp.asarray(m0)[None], ts).ys[0]
+        return np.asarray(solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).loss)
+    return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], ts).loss[0])
 
 
 class _Engines(NamedTuple):
@@ -232,7 +232,7 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
     M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
     L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
-    L_lv = _loss_curve(pb.lv, _solve_lv(cfg, pb.lv, m0, ts))
+    L_lv = _lv_loss(cfg, pb.lv, m0, ts)
     L_w = np.asarray(res.loss)
     mstar = np.asarray(pb.lv.fixed_point_isolated())[pb.learn]
     t_pred = np.asarray(switch_on_times(pb.lv, m0))[pb.learn]
@@ -269,7 +269,7 @@ def _staircase(cfg: DemoConfig, lv, m0, log_eps):
     stair_loss = np.asarray(stair.loss_tau(tau_grid))
     rescaled = {}
     for c in (1, 2, 4, 8):
-        m_c = _solve_lv(
+        loss_c = _lv_loss(
             cfg, lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps)
         )
         # typical amplitude eps^c: an init scale of about sigma eps^((c-1)/2)
@@ -281,7 +281,7 @@ def _staircase(cfg: DemoConfig, lv, m0, log_eps):
             rf"Lotka-Volterra, $\varepsilon$ = {eps:.0e} "
             rf"($\sigma \approx$ {sigma:.0e})"
         )
-        rescaled[label] = (tau_grid, _loss_curve(lv, m_c))
+        rescaled[label] = (tau_grid, loss_c)
     return stair, tau_grid, stair_loss, rescaled
 
 
