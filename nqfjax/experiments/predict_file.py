@@ -26,13 +26,8 @@ from .predict import agreement, predict
 # The default number of units. The prediction is the layer's quadratic form; the
 # real layer's cubic term is shared by the units, so the trained network follows
 # the prediction better the wider it is, and `M = W W^T` has rank at most the
-# width, so fewer units than modes cannot learn them all. Measured with `nqfjax
-# predict --train` (tanh perceptron, init 1e-4, float32; docs/how-to/data.md):
-# on wine the switch-ons were 26-47% off at width 4, within 1.8% at 16 and 0.5%
-# at 64 (0.35, 0.12, 0.03 in log loss); on digits (9 modes) 4 of them could be
-# timed at width 4 (median error 16%), the median error was 5.0% at 16 and
-# 0.9% at 64 (0.10, 0.07, 0.015 in log loss). The run time did not depend on
-# the width (the flow does not; training 64 units costs little more than 4).
+# width. Chosen by measuring `nqfjax predict --train` at widths 4, 16 and 64 (the
+# table is in docs/how-to/data.md, "The width", and in the command's help).
 DEFAULT_WIDTH = 64
 
 
