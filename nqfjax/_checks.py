@@ -114,13 +114,15 @@ def symmetric_psd(name: str, X, *, rtol: float = 1e-6):
     X = jnp.asarray(X)
     if X.ndim != 2 or X.shape[0] != X.shape[1]:
         raise ValueError(f"`{name}` must be a square matrix, got shape {X.shape}.")
-    tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
-    sym_err = jnp.max(jnp.abs(X - X.T))
-    min_eig = jnp.min(jnp.linalg.eigvalsh(0.5 * (X + X.T)))
     if is_concrete(X):
+        # on the host, in numpy: no small XLA programs to compile for a check
         Xn = np.asarray(X)
         if not np.all(np.isfinite(Xn)):
             raise ValueError(f"`{name}` contains NaN or inf.")
+        tol = rtol * np.max(np.abs(Xn)) + np.finfo(Xn.dtype).tiny
+        sym_err = np.max(np.abs(Xn - Xn.T))
+        Xs = Xn.astype(np.promote_types(Xn.dtype, np.float32))  # LAPACK types
+        min_eig = np.min(np.linalg.eigvalsh(0.5 * (Xs + Xs.T)))
         if float(sym_err) > float(tol):
             raise ValueError(
                 f"`{name}` must be symmetric; max |X - X^T| = {float(sym_err):.3g}."
@@ -131,6 +133,9 @@ def symmetric_psd(name: str, X, *, rtol: float = 1e-6):
                 f"{float(min_eig):.3g}."
             )
         return X
+    tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
+    sym_err = jnp.max(jnp.abs(X - X.T))
+    min_eig = jnp.min(jnp.linalg.eigvalsh(0.5 * (X + X.T)))
     X = eqx.error_if(X, ~jnp.all(jnp.isfinite(X)), f"`{name}` contains NaN or inf.")
     X = eqx.error_if(X, sym_err > tol, f"`{name}` must be symmetric.")
     return eqx.error_if(

@@ -296,9 +296,7 @@ class Staircase(eqx.Module):
 
     def loss_tau(self, taus: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
         """The staircase loss at rescaled times `taus` (right-continuous steps)."""
-        taus = jnp.asarray(taus)
-        idx = jnp.searchsorted(self.jump_times_tau, taus, side="right")
-        return self.plateau_losses[idx]
+        return _lookup(self.jump_times_tau, self.plateau_losses, jnp.asarray(taus))
 
     def loss(self, ts: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
         """The staircase loss at times `ts` (in `t`)."""
@@ -448,3 +446,9 @@ def _staircase(lv, trace: _Trace, log_inv_eps: float, sys: _LVNumpy) -> Staircas
         active_sets=jnp.asarray(plateaus > 0),
         switch_on_tau=rescaled(trace.first_on),
     )
+
+
+@jax.jit
+def _lookup(jumps, values, taus):
+    """`values[i]` for the number `i` of `jumps` at or before each of `taus`."""
+    return values[jnp.searchsorted(jumps, taus, side="right")]
