@@ -55,12 +55,6 @@ def _default_tolerances(dtype) -> tuple[float, float]:
     return 1e-5, 1e-6
 
 
-def _default_tolerances(dtype) -> tuple[float, float]:
-    if jnp.dtype(dtype) == jnp.float64:
-        return 1e-9, 1e-9
-    return 1e-5, 1e-6
-
-
 def _initial_factor(M0):
     """`(log |W0|_F, W0 / |W0|_F)` for the symmetric square root `W0` of `M0`."""
     W0 = _psd_sqrt(0.5 * (M0 + M0.T))
