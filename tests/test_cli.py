@@ -503,6 +503,9 @@ def test_demo_quick_writes_every_file(tmp_path, capsys, monkeypatch):
         assert width > 200 and height > 200, name
     assert (out / "report.md").stat().st_size > 0
     report = json.loads((out / "report.json").read_text())
+    # --quick leaves the M-space flow out, and its report says so
+    assert report["curves"]["loss_m_space"] is None
+    assert "leaves the M-space flow out" in (out / "report.md").read_text()
     # every prediction-vs-measurement check is printed, and holds: the relative
     # error recomputed from the reported numbers is within its tolerance
     for check in report["checks"]:

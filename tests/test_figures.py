@@ -501,6 +501,14 @@ def test_report_explains_itself():
         assert f"**{word}" in glossary, word
     assert "| simulation vs simulation |" in text
     assert "prediction vs measurement" not in text
+    # the staircase caption names the engines drawn: without the M-space flow
+    # (`--quick`) it says so instead of describing a curve that is not there
+    staircase = text.split("### staircase.png")[1].split("###")[0]
+    assert "the M-space flow and" in staircase and "three curves" in staircase
+    report["config"]["mflow"] = False
+    staircase = _report.markdown(report).split("### staircase.png")[1].split("###")[0]
+    assert "the M-space flow and" not in staircase
+    assert "leaves the M-space flow out" in staircase and "two curves" in staircase
 
 
 def test_figures_leave_pyplot_alone():

@@ -232,7 +232,7 @@ def report_dict(cfg, pb, timings, checks, eng, sw, pl, matrices, figures) -> dic
         "curves": {
             "t": eng.record.tolist(),
             "loss_w_space": eng.L_w.tolist(),
-            "loss_m_space": eng.L_m.tolist(),
+            "loss_m_space": None if eng.L_m is None else eng.L_m.tolist(),
             "loss_lv": eng.L_lv.tolist(),
             "plateau_indices": eng.plateau_idx,
         },
@@ -307,6 +307,14 @@ def markdown(report: dict) -> str:
     ]
     for name in report["figures"]:
         caption, notice = CAPTIONS[name]
+        if name == "staircase.png" and not report["config"].get("mflow", True):
+            caption = caption.replace(
+                "(W-space), the M-space flow and", "(W-space) and"
+            ) + (
+                " (`--quick` leaves the M-space flow out: the full `nqfjax demo` "
+                "draws it between the two.)"
+            )
+            notice = notice.replace("the three curves", "the two curves")
         lines += [
             f"### {name}",
             "",

@@ -70,7 +70,10 @@ class DemoConfig:
     this small, mildly stiff problem and much quicker to compile) instead of
     `solve_mflow`'s default; `closed_form_power_law` takes the power-law curve
     from the exact logistic solution of its independent modes instead of
-    integrating them. `DemoConfig.quick()` sets these two.
+    integrating them. `DemoConfig.quick()` sets these two, and leaves the M-space
+    flow out (`mflow=False`): its diffrax program holds runtime checks (host
+    callbacks), which JAX's persistent cache does not keep, so it compiles again
+    in every process (~3 s, a fifth of a quick run).
     """
 
     d: int = 6
@@ -89,6 +92,7 @@ class DemoConfig:
     beta: float = 0.5
     power_law_eps: float = 1e-16
     seed: int = 0
+    mflow: bool = True
     explicit_mflow: bool = False
     explicit_lv: bool = False
     closed_form_power_law: bool = False
@@ -105,11 +109,12 @@ class DemoConfig:
         three (so half the steps), a quarter of the records, three init scales, a
         half the power-law modes (at eps = 1e-8, where 1000 modes still give
         a fit window of 1.4 decades, as 2000 do at eps = 1e-16; `fit_power_law`
-        calls less than a decade a single drop); the explicit M-space flow solver and
-        the closed-form power law. The same figures and checks, at
-        the same tolerances (the checked numbers agree with those of the
-        default solvers to the digits printed). Most of its time is compiling:
-        `nqfjax demo` caches the programs JAX can cache (README)."""
+        calls less than a decade a single drop); no M-space flow (the staircase
+        figure shows the real network and the Lotka-Volterra reduction) and the
+        closed-form power law. The same checks at the same tolerances (the checked
+        numbers agree with those of the default solvers to the digits printed).
+        Most of its time is tracing and compiling: `nqfjax demo` caches the
+        programs JAX can cache (README)."""
         return cls(
             d=4,
             k=2,
@@ -122,6 +127,7 @@ class DemoConfig:
             sweep_steps=8000,
             power_law_modes=1000,
             power_law_eps=1e-8,
+            mflow=False,
             explicit_mflow=True,
             closed_form_power_law=True,
         )
@@ -197,7 +203,7 @@ class _Engines(NamedTuple):
 
     record: np.ndarray
     L_w: np.ndarray
-    L_m: np.ndarray
+    L_m: np.ndarray | None  # None without `cfg.mflow`
     L_lv: np.ndarray
     m0: np.ndarray
     t_pred: np.ndarray
@@ -228,9 +234,11 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
         basis=pb.basis,
     )
     ts = jnp.asarray(record, jnp.float64)
-    solver = diffrax.Tsit5() if cfg.explicit_mflow else None
-    M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
-    L_m = _loss_curve(pb.task, M)
+    L_m = None
+    if cfg.mflow:
+        solver = diffrax.Tsit5() if cfg.explicit_mflow else None
+        M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
+        L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
     L_lv = _lv_loss(cfg, pb.lv, m0, ts)
     L_w = np.asarray(res.loss)
@@ -462,6 +470,8 @@ def _figures(out: Path | None, cfg: DemoConfig, eng, sw, pl, structures) -> dict
         "M-space flow": (eng.record, eng.L_m),
         "Lotka-Volterra": (eng.record, eng.L_lv),
     }
+    if eng.L_m is None:
+        del curves["M-space flow"]
     eps = np.exp(-eng.log_eps)
     figs = {}
     figs["staircase.png"] = plots.plot_loss_curves(
@@ -553,8 +563,8 @@ def run_demo(
     - `out_dir`: where `staircase.png`, `init_scale.png`, `power_law.png`,
       `structures.png`, `report.json` and `report.md` go (created if needed).
     - `quick`: `DemoConfig.quick()`, a smaller problem (two modes, fewer
-      records, three init scales, 1000 power-law modes in closed form, an
-      explicit M-space flow solver) with the same checks.
+      records, three init scales, 1000 power-law modes in closed form, no
+      M-space flow) with the same checks.
     - `config`: override the defaults entirely.
     - `progress`: show a progress bar over the stages.
     - `log`: where to send one-line status messages (default: nowhere).
