@@ -439,20 +439,21 @@ def _architectures():
 
 
 @eqx.filter_jit
-def _first_A(structure, x):
-    # one compiled call per architecture, cheaper than dispatching its ops eagerly;
-    # `A` checks only static shapes, so the call stays free of runtime checks
-    return structure.A(x)[0]
+def _first_As(structures, xs):
+    # one compiled call for every architecture, cheaper than one each or than
+    # dispatching their ops eagerly; `A` checks only static shapes, so the call
+    # stays free of runtime checks
+    return [s.A(x)[0] for s, x in zip(structures, xs)]
 
 
 def _structure_matrices(seed: int):
     """`A_0(x)` of every architecture at one random input, and their blocks."""
     rng = np.random.default_rng(seed)
-    matrices, blocks = {}, {}
-    for name, s, parts in _architectures():
-        x = jnp.asarray(rng.normal(size=s.input_shape))
-        matrices[name] = np.asarray(_first_A(s, x))
-        blocks[name] = parts
+    archs = _architectures()
+    xs = [jnp.asarray(rng.normal(size=s.input_shape)) for _, s, _ in archs]
+    As = _first_As([s for _, s, _ in archs], xs)
+    matrices = {name: np.asarray(A) for (name, _, _), A in zip(archs, As)}
+    blocks = {name: parts for name, _, parts in archs}
     return matrices, blocks
 
 
