@@ -98,8 +98,35 @@ def _check_guides(fig, rtol):
     return checked
 
 
+def _overlap(a, b, px=0.5):
+    """Whether two display boxes share more than a sliver of `px` pixels."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width > px and height > px
+
+
+def _check_layout(fig):
+    """Every axes (its tick labels, axis labels, title and legend) and the
+    figure's own texts lie inside the figure, and no two of them overlap: the
+    demo's figures place their axes by fixed margins, not by a layout engine."""
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox.padded(1)  # one pixel of rounding
+    boxes = [
+        (ax.get_title() or ax.get_label(), ax.get_tightbbox(renderer))
+        for ax in fig.axes
+    ]
+    boxes += [(t.get_text(), t.get_window_extent(renderer)) for t in fig.texts]
+    for name, box in boxes:
+        assert page.x0 <= box.x0 and box.x1 <= page.x1, (name, box, page)
+        assert page.y0 <= box.y0 and box.y1 <= page.y1, (name, box, page)
+    for i, (name, box) in enumerate(boxes):
+        for other, box2 in boxes[:i]:
+            assert not _overlap(box, box2), (name, other, box, box2)
+
+
 def _check(fig, rtol=1e-3):
     FigureCanvasAgg(fig).draw()  # renders: a broken artist fails here
+    _check_layout(fig)
     _check_labels(fig)
     _check_legends(fig)
     return _check_guides(fig, rtol)
