@@ -124,9 +124,37 @@ def _check_layout(fig):
             assert not _overlap(box, box2), (name, other, box, box2)
 
 
+_UNSUPER = str.maketrans(
+    "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079", "-0123456789"
+)
+
+
+def _decade_labels(axis):
+    """The visible major tick labels of a log axis written as a power of ten
+    with a Unicode exponent (`10⁻⁵`): checks that each says its tick's value,
+    and returns how many there were."""
+    lo, hi = sorted(axis.get_view_interval())
+    n = 0
+    for tick in axis.get_major_ticks():
+        text, x = tick.label1.get_text(), tick.get_loc()
+        if not (tick.label1.get_visible() and text and lo <= x <= hi):
+            continue
+        if text.startswith("$"):  # matplotlib's own mathtext label
+            continue
+        assert text.startswith("10"), text
+        exponent = int(text[2:].translate(_UNSUPER))
+        assert x == pytest.approx(10.0**exponent, rel=1e-9), (text, x)
+        n += 1
+    return n
+
+
 def _check(fig, rtol=1e-3):
     FigureCanvasAgg(fig).draw()  # renders: a broken artist fails here
     _check_layout(fig)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                _decade_labels(axis)
     _check_labels(fig)
     _check_legends(fig)
     return _check_guides(fig, rtol)
@@ -247,6 +275,9 @@ def test_staircase_figure(demo_figures):
     assert 1.0 < stair.get_xlim()[1] <= 1.2
     # epsilon is related to sigma in the panel's title
     assert "sigma" in stair.get_title() and "varepsilon" in stair.get_title()
+    # the log axes' decades are labelled (10⁻⁵, ...), each with its own value
+    for axis in (ax.yaxis, ratio.xaxis, stair.yaxis):
+        assert _decade_labels(axis) >= 2
 
 
 def test_init_scale_figure(demo_figures):
@@ -281,6 +312,8 @@ def test_power_law_figure(demo_figures):
     t, g = slope.get_lines()[0].get_data()
     gi = np.interp(1e3, t, g)
     assert 0.66 < gi < 0.70, gi
+    # the log axes' decades are labelled (10⁻⁵, ...), each with its own value
+    assert _decade_labels(ax.yaxis) >= 2 and _decade_labels(slope.xaxis) >= 2
 
 
 def test_structures_figure(demo_figures):

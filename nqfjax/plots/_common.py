@@ -1,10 +1,13 @@
 """What every figure shares: the colour and line-style cycle, fixed margins,
 writing a figure, and the positive part of a curve that a log-log axis can show."""
 
+import re
+
 import matplotlib as mpl
 import numpy as np
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
+from matplotlib.ticker import LogFormatterSciNotation, LogLocator
 
 from ..io import write_figure
 
@@ -50,6 +53,43 @@ def _text_inches(text: str, size: float) -> tuple[float, float]:
         text, FontProperties(size=size), ismath=False
     )
     return w / 72, (h + d) / 72
+
+
+_DECADE = re.compile(r"\$\\mathdefault\{(-?10)\^\{(-?\d+)\}\}\$")
+_SUPERSCRIPT = str.maketrans(
+    "-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
+)
+
+
+class _DecadeFormatter(LogFormatterSciNotation):
+    """Matplotlib's log tick labels, with a power of ten written as `10` and a
+    Unicode exponent (`10⁻⁵`) instead of mathtext: the same look, without a
+    mathtext parse (about 8 ms) for each label of each figure."""
+
+    def __call__(self, x, pos=None):
+        label = super().__call__(x, pos)
+        match = _DECADE.fullmatch(label)
+        if match is None:
+            return label
+        return match[1].replace("-", "\u2212") + match[2].translate(_SUPERSCRIPT)
+
+
+def _log_ticks(fig, max_decades: float = 3.0) -> None:
+    """The ticks of each log axis of `fig`, at its final limits: decades
+    labelled by `_DecadeFormatter` and, where the axis spans more than
+    `max_decades` decades, minor ticks at 2 and 5 times each power of ten only.
+
+    Eight minor ticks a decade are too close to read there, and each is an
+    object matplotlib builds, places and draws: on the demo's loss figures they
+    were about a third of the figure's time."""
+    for ax in fig.axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            if axis.get_scale() != "log":
+                continue
+            axis.set_major_formatter(_DecadeFormatter())
+            lo, hi = sorted(limits)
+            if np.log10(hi / lo) > max_decades:
+                axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
 
 
 def _colour(i: int) -> str:

@@ -11,6 +11,7 @@ from ._common import (
     _colour,
     _grid,
     _log_interp,
+    _log_ticks,
     _positive,
     _save,
     _text_inches,
@@ -108,6 +109,7 @@ def plot_loss_curves(
     if second:
         _staircase_panel(fig.add_subplot(grid[:, 1]), rescaled, staircase, top, floor)
         fig.axes[-1].set_title(rescaled_title, y=1.0)
+    _log_ticks(fig)
     _save(fig, path)
     return fig
 
@@ -336,6 +338,7 @@ def plot_power_law(
     slope.set_xlabel("t (gradient steps)")
     slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
     slope.legend(fontsize=7, ncols=3, loc="upper right")
+    _log_ticks(fig)
     _save(fig, path)
     return fig
 
