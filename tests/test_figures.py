@@ -335,6 +335,29 @@ def test_structures_figure(demo_figures):
         plots.plot_structures({"first": np.eye(3)}, blocks={"first": [("a", 2)]})
 
 
+def test_demo_figures_make_room_for_other_data():
+    """The margins follow the data: six-digit switch-on times, one panel only,
+    maps without blocks (a tick per index) on two rows, a loss within a decade
+    (matplotlib's mathtext labels on minor ticks) all fit, nothing overlapping."""
+    sw = _sweep_like()
+    fig = plots.plot_init_scale(sw.log_inv_sigma, 300 * sw.times, sw.predicted_slopes)
+    _check(fig)
+    eng = _engines_like()
+    fig = plots.plot_loss_curves(
+        {"W": (eng.record, eng.L_w), "LV": (eng.record, eng.L_lv)},
+        switch_times=eng.t_pred,
+    )
+    _check(fig)
+    assert len(_axes(fig)) == 2
+    t = np.linspace(1, 100, 50)
+    loss = 0.5 + 0.1 * np.exp(-t / 30)
+    fig = plots.plot_loss_curves({"a": (t, loss), "b": (t, 1.01 * loss)}, floor=0.7)
+    _check(fig)
+    rng = np.random.default_rng(1)
+    maps = {f"m{i}": rng.normal(size=(p, p)) for i, p in enumerate([3, 12, 5, 4])}
+    _check(plots.plot_structures(maps))
+
+
 def test_real_structure_matrices_have_their_blocks():
     """The demo's block layouts add up to each real architecture's p."""
     matrices, blocks = demo._structure_matrices(0)

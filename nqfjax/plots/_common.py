@@ -5,6 +5,7 @@ import re
 
 import matplotlib as mpl
 import numpy as np
+from matplotlib import cbook
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
 from matplotlib.ticker import LogFormatterSciNotation, LogLocator
@@ -21,38 +22,76 @@ def _save(fig, path) -> None:
         write_figure(path, fig)
 
 
-def _grid(fig, nrows=1, ncols=1, *, left, right, bottom, top, hgap=0.0, wgap=0.0, **kw):
-    """A `GridSpec` whose margins and gaps are given in inches.
+def _grid(fig, nrows=1, ncols=1, *, right, bottom, top, hgap=0.0, **kw):
+    """A `GridSpec` whose right, bottom and top margins and row gap are given in
+    inches; its left margin and column gap are set by `_fit_y_labels` once the
+    axes' limits are known.
 
-    The demo's figures use fixed margins instead of a layout engine: the
+    The demo's figures are placed this way instead of by a layout engine: the
     constrained layout measures every tick label of every axes twice more before
-    the figure is drawn, about half of a figure's time. The margins hold the
-    tick labels and axis labels those figures draw (checked in the tests: no text
-    outside the figure, no two axes' texts overlapping).
+    the figure is drawn, about half of a figure's time. The tests check that no
+    text is outside the figure and no two axes' texts overlap.
     """
     width, height = fig.get_size_inches()
-    cell_w = (width - left - right - (ncols - 1) * wgap) / ncols
     cell_h = (height - top - bottom - (nrows - 1) * hgap) / nrows
     return fig.add_gridspec(
         nrows,
         ncols,
-        left=left / width,
         right=1 - right / width,
         bottom=bottom / height,
         top=1 - top / height,
-        wspace=wgap / cell_w,
         hspace=hgap / cell_h,
         **kw,
     )
 
 
 def _text_inches(text: str, size: float) -> tuple[float, float]:
-    """Width and height (with descent) of one line of plain `text` at `size`
-    points, in inches."""
+    """Width and height (with descent) of one line of `text` (mathtext if it
+    has any) at `size` points, in inches."""
     w, h, d = text_to_path.get_text_width_height_descent(
-        text, FontProperties(size=size), ismath=False
+        text, FontProperties(size=size), ismath=cbook.is_math_text(text)
     )
     return w / 72, (h + d) / 72
+
+
+def _y_label_inches(ax) -> float:
+    """How far left of `ax` its y tick labels and y label reach, in inches, at
+    its current limits: the widest label its locators and formatters give, the
+    tick and pads, and the (rotated) y label's height."""
+    lo, hi = sorted(ax.get_ylim())
+    rc = mpl.rcParams
+    size = FontProperties(size=rc["ytick.labelsize"]).get_size_in_points()
+    widest = 0.0
+    for locator, formatter in [
+        (ax.yaxis.get_major_locator(), ax.yaxis.get_major_formatter()),
+        (ax.yaxis.get_minor_locator(), ax.yaxis.get_minor_formatter()),
+    ]:
+        for label in formatter.format_ticks([x for x in locator() if lo <= x <= hi]):
+            widest = max(widest, _text_inches(label, size)[0])
+    ylabel = ax.yaxis.label
+    height = (
+        _text_inches(ylabel.get_text(), ylabel.get_size())[1]
+        if ylabel.get_text()
+        else 0
+    )
+    pads = rc["ytick.major.size"] + rc["ytick.major.pad"] + rc["axes.labelpad"]
+    return widest + pads / 72 + height
+
+
+def _fit_y_labels(fig, grid, columns, *, edge: float = 0.08, gap: float = 0.15):
+    """Set `grid`'s left margin and column gap to what the y tick labels and y
+    labels of `columns` (the axes of each grid column) need, plus `edge` inches
+    at the figure's edge and `gap` between columns, and move the axes there."""
+    width = fig.get_size_inches()[0]
+    need = [max(_y_label_inches(ax) for ax in column) for column in columns]
+    left, wgap = need[0] + edge, max(need[1:], default=0.0) + gap
+    right = (1 - grid.right) * width
+    cell_w = (width - left - right - (len(columns) - 1) * wgap) / len(columns)
+    grid.update(left=left / width, wspace=wgap / cell_w)
+    for ax in fig.axes:  # `update` moves only the axes of pyplot's figures
+        spec = ax.get_subplotspec()
+        if spec is not None and spec.get_gridspec() is grid:
+            ax.set_position(spec.get_position(fig))
 
 
 _DECADE = re.compile(r"\$\\mathdefault\{(-?10)\^\{(-?\d+)\}\}\$")

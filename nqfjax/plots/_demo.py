@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from ._common import (
     _STYLES,
     _colour,
+    _fit_y_labels,
     _grid,
     _log_interp,
     _log_ticks,
@@ -25,7 +26,7 @@ def _title_inches(*titles: str) -> float:
     left to place itself, a title measures every tick label of its axes at each
     draw, in case a y offset text is in its way."""
     lines = max(t.count("\n") + 1 for t in titles)
-    return 0.14 + 0.2 * lines
+    return 0.06 + 0.24 * lines
 
 
 def plot_loss_curves(
@@ -65,12 +66,10 @@ def plot_loss_curves(
         fig,
         2,
         2 if second else 1,
-        left=0.75,
         right=0.15,
-        bottom=0.55,
+        bottom=0.5,
         top=_title_inches(title, rescaled_title if second else ""),
         hgap=0.15,
-        wgap=0.8,
         height_ratios=(3, 1.3),
     )
     ax = fig.add_subplot(grid[0, 0])
@@ -110,6 +109,7 @@ def plot_loss_curves(
         _staircase_panel(fig.add_subplot(grid[:, 1]), rescaled, staircase, top, floor)
         fig.axes[-1].set_title(rescaled_title, y=1.0)
     _log_ticks(fig)
+    _fit_y_labels(fig, grid, [[ax, ratio]] + [fig.axes[2:]] * second)
     _save(fig, path)
     return fig
 
@@ -163,9 +163,10 @@ def plot_init_scale(
     x = np.asarray(log_inv_sigma, float)
     times = np.asarray(times, float)
     fig = Figure(figsize=(6.4, 6.0 if predicted_times is not None else 4.4))
-    margins = dict(left=0.8, right=0.15, bottom=0.5, top=_title_inches(""), hgap=0.15)
+    margins = dict(right=0.15, bottom=0.5, top=_title_inches(""), hgap=0.15)
     if predicted_times is None:
-        ax, ratio = fig.add_subplot(_grid(fig, **margins)[0]), None
+        grid = _grid(fig, **margins)
+        ax, ratio = fig.add_subplot(grid[0]), None
     else:
         grid = _grid(fig, 2, 1, height_ratios=(3, 1.3), **margins)
         ax = fig.add_subplot(grid[0])
@@ -212,6 +213,7 @@ def plot_init_scale(
         ax.tick_params(labelbottom=False)
         bottom = ratio
     bottom.set_xlabel(r"$\ln(1/\sigma)$ ($\sigma$: init scale)")
+    _fit_y_labels(fig, grid, [fig.axes])
     _save(fig, path)
     return fig
 
@@ -265,9 +267,8 @@ def plot_power_law(
         fig,
         2,
         1,
-        left=0.75,
         right=0.15,
-        bottom=0.55,
+        bottom=0.5,
         top=_title_inches(""),
         hgap=0.15,
         height_ratios=(3, 1.6),
@@ -339,6 +340,7 @@ def plot_power_law(
     slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
     slope.legend(fontsize=7, ncols=3, loc="upper right")
     _log_ticks(fig)
+    _fit_y_labels(fig, grid, [[ax, slope]])
     _save(fig, path)
     return fig
 
