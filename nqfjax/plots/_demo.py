@@ -6,7 +6,27 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from ._common import _STYLES, _colour, _log_interp, _positive, _save
+from ._common import (
+    _STYLES,
+    _colour,
+    _fit_y_labels,
+    _grid,
+    _log_interp,
+    _log_ticks,
+    _positive,
+    _save,
+    _text_inches,
+)
+
+
+def _title_inches(*titles: str) -> float:
+    """The top margin, in inches, above axes with these titles (default size).
+
+    The titles are set at `y=1.0`, on the axes (their tick labels are below):
+    left to place itself, a title measures every tick label of its axes at each
+    draw, in case a y offset text is in its way."""
+    lines = max(t.count("\n") + 1 for t in titles)
+    return 0.06 + 0.24 * lines
 
 
 def plot_loss_curves(
@@ -41,8 +61,17 @@ def plot_loss_curves(
     - `floor`: the loss axes start at `floor` times the largest loss.
     """
     second = bool(rescaled) or staircase is not None
-    fig = Figure(figsize=(12.4 if second else 6.4, 6.4), layout="constrained")
-    grid = fig.add_gridspec(2, 2 if second else 1, height_ratios=(3, 1.3))
+    fig = Figure(figsize=(12.4 if second else 6.4, 6.4))
+    grid = _grid(
+        fig,
+        2,
+        2 if second else 1,
+        right=0.15,
+        bottom=0.5,
+        top=_title_inches(title, rescaled_title if second else ""),
+        hgap=0.15,
+        height_ratios=(3, 1.3),
+    )
     ax = fig.add_subplot(grid[0, 0])
     ratio = fig.add_subplot(grid[1, 0], sharex=ax)
     top = max(float(np.nanmax(loss)) for _, loss in curves.values())
@@ -70,7 +99,7 @@ def plot_loss_curves(
         ratio.axvline(ts, color="grey", lw=0.8, ls=":")
     ax.set_ylim(floor * top, 2 * top)
     ax.set_ylabel("loss")
-    ax.set_title(title)
+    ax.set_title(title, y=1.0)  # see _title_inches
     ax.legend(fontsize=8)
     ax.tick_params(labelbottom=False)
     ratio.set_xlabel("t (gradient steps)")
@@ -78,7 +107,9 @@ def plot_loss_curves(
     ratio.legend(fontsize=7)
     if second:
         _staircase_panel(fig.add_subplot(grid[:, 1]), rescaled, staircase, top, floor)
-        fig.axes[-1].set_title(rescaled_title)
+        fig.axes[-1].set_title(rescaled_title, y=1.0)
+    _log_ticks(fig)
+    _fit_y_labels(fig, grid, [[ax, ratio]] + [fig.axes[2:]] * second)
     _save(fig, path)
     return fig
 
@@ -132,11 +163,14 @@ def plot_init_scale(
     x = np.asarray(log_inv_sigma, float)
     times = np.asarray(times, float)
     fig = Figure(figsize=(6.4, 6.0 if predicted_times is not None else 4.4))
-    fig.set_layout_engine("constrained")
+    margins = dict(right=0.15, bottom=0.5, top=_title_inches(""), hgap=0.15)
     if predicted_times is None:
-        ax, ratio = fig.subplots(), None
+        grid = _grid(fig, **margins)
+        ax, ratio = fig.add_subplot(grid[0]), None
     else:
-        ax, ratio = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.3))
+        grid = _grid(fig, 2, 1, height_ratios=(3, 1.3), **margins)
+        ax = fig.add_subplot(grid[0])
+        ratio = fig.add_subplot(grid[1], sharex=ax)
     order = np.argsort(x)
     for k in range(times.shape[1]):
         c = _colour(k)
@@ -170,7 +204,7 @@ def plot_init_scale(
                 "through the measured mean",
             )
     ax.set_ylabel("switch-on time (steps)")
-    ax.set_title(r"Switch-on times grow like $(2/r_k)\,\ln(1/\sigma)$")
+    ax.set_title(r"Switch-on times grow like $(2/r_k)\,\ln(1/\sigma)$", y=1.0)
     ax.legend(fontsize=7)
     bottom = ax
     if ratio is not None:
@@ -179,6 +213,7 @@ def plot_init_scale(
         ax.tick_params(labelbottom=False)
         bottom = ratio
     bottom.set_xlabel(r"$\ln(1/\sigma)$ ($\sigma$: init scale)")
+    _fit_y_labels(fig, grid, [fig.axes])
     _save(fig, path)
     return fig
 
@@ -227,8 +262,19 @@ def plot_power_law(
     - `offset`: how far above the data the theory slopes are drawn (> 1).
     """
     tt, ll = _positive(t, loss)
-    fig = Figure(figsize=(6.6, 6.4), layout="constrained")
-    ax, slope = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1.6))
+    fig = Figure(figsize=(6.6, 6.4))
+    grid = _grid(
+        fig,
+        2,
+        1,
+        right=0.15,
+        bottom=0.5,
+        top=_title_inches(""),
+        hgap=0.15,
+        height_ratios=(3, 1.6),
+    )
+    ax = fig.add_subplot(grid[0])
+    slope = fig.add_subplot(grid[1], sharex=ax)
     ax.loglog(tt, ll, lw=2.4, color=_colour(0), label="Lotka-Volterra simulation")
     ax.lines[-1].set_gid("data:simulation")
     if sharp is not None:
@@ -265,7 +311,7 @@ def plot_power_law(
             gid=f"offset:simulation:{offset:g}",
         )
     ax.set_ylabel("loss")
-    ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes")
+    ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes", y=1.0)
     ax.legend(fontsize=7)
     ax.tick_params(labelbottom=False)
     slope.semilogx(*_local_exponent(tt, ll), color=_colour(0), lw=2, label="simulation")
@@ -293,6 +339,8 @@ def plot_power_law(
     slope.set_xlabel("t (gradient steps)")
     slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
     slope.legend(fontsize=7, ncols=3, loc="upper right")
+    _log_ticks(fig)
+    _fit_y_labels(fig, grid, [[ax, slope]])
     _save(fig, path)
     return fig
 
@@ -318,24 +366,24 @@ def plot_structures(
     names = list(matrices)
     ncols = min(3, len(names))
     nrows = -(-len(names) // ncols)
-    fig = Figure(figsize=(3.9 * ncols + 0.8, 3.6 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax in axes.flat[len(names) :]:
-        ax.axis("off")
-    image = None
-    for ax, name in zip(axes.flat, names):
+    parts = {}
+    for name in names:
+        p = np.shape(matrices[name])[0]
+        parts[name] = (blocks or {}).get(name) or [(str(i), 1) for i in range(p)]
+        if (total := sum(size for _, size in parts[name])) != p:
+            raise ValueError(f"`blocks[{name!r}]` sizes sum to {total}, not p = {p}.")
+    fig = Figure(figsize=(3.9 * ncols + 0.8, 3.6 * nrows))
+    axes, bar = _structure_axes(fig, [parts[name] for name in names], ncols, blocks)
+    for ax, name in zip(axes, names):
         A = np.asarray(matrices[name], float)
         scale = float(np.max(np.abs(A))) or 1.0
         image = ax.imshow(A / scale, cmap="RdBu_r", vmin=-1, vmax=1)
-        ax.set_title(f"{name}\np = {A.shape[0]}, max |A| = {scale:.3g}", fontsize=8)
-        parts = (blocks or {}).get(name) or [(str(i), 1) for i in range(A.shape[0])]
-        edges = np.cumsum([0] + [size for _, size in parts])
-        if edges[-1] != A.shape[0]:
-            raise ValueError(
-                f"`blocks[{name!r}]` sizes sum to {edges[-1]}, not p = {A.shape[0]}."
-            )
+        ax.set_title(
+            f"{name}\np = {A.shape[0]}, max |A| = {scale:.3g}", fontsize=8, y=1.0
+        )
+        edges = np.cumsum([0] + [size for _, size in parts[name]])
         centres = 0.5 * (edges[:-1] + edges[1:]) - 0.5
-        labels = [label for label, _ in parts]
+        labels = [label for label, _ in parts[name]]
         ax.set_xticks(centres, labels, fontsize=7, rotation=30 if blocks else 0)
         ax.set_yticks(centres, labels, fontsize=7)
         for e in edges[1:-1]:
@@ -343,8 +391,51 @@ def plot_structures(
             ax.axvline(e - 0.5, color="k", lw=0.6)
         ax.set_xlabel("parameter block of a unit", fontsize=7)
         ax.set_ylabel("parameter block of a unit", fontsize=7)
-    if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label=r"$A_0(x)\,/\,\max|A_0(x)|$")
-    fig.suptitle(r"Structure matrices $A(x)$ for one input (first output)")
+    fig.colorbar(image, cax=bar, label=r"$A_0(x)\,/\,\max|A_0(x)|$")
+    height = fig.get_size_inches()[1]
+    fig.suptitle(
+        r"Structure matrices $A(x)$ for one input (first output)",
+        y=1 - 0.08 / height,
+    )
     _save(fig, path)
     return fig
+
+
+def _structure_axes(fig, parts, ncols, rotated):
+    """One axes per matrix on a grid of `ncols` columns, and a colour bar's axes
+    at the right, placed in inches: each column leaves room on its left for its
+    widest block label (7 pt), each row below it for its tallest one (rotated by
+    30 degrees when `rotated`), each map for a two-line title above it."""
+    width, height = fig.get_size_inches()
+    nrows = -(-len(parts) // ncols)
+    # the widest and tallest tick label of each map, in inches
+    sizes = [np.max([_text_inches(label, 7) for label, _ in p], axis=0) for p in parts]
+    sizes += [np.zeros(2)] * (nrows * ncols - len(parts))
+    sizes = np.reshape(sizes, (nrows, ncols, 2))
+    w, h = sizes[..., 0], sizes[..., 1]
+    below = w * np.sin(np.pi / 6) + h * np.cos(np.pi / 6) if rotated else h
+    # tick (3.5 pt) and pad (3.5 pt), then the 7 pt axis label and its pad
+    left = w.max(axis=0) + 0.1 + 0.2 + 0.05
+    bottom = below.max(axis=1) + 0.1 + 0.2 + 0.05
+    top, right, title = 0.38, 1.4, 0.45
+    cell_w = (width - left.sum() - right) / ncols
+    cell_h = (height - title - nrows * top - bottom.sum()) / nrows
+    axes = []
+    for k in range(len(parts)):
+        i, j = divmod(k, ncols)
+        x = left[: j + 1].sum() + j * cell_w
+        y = height - title - (i + 1) * (top + cell_h) - bottom[:i].sum()
+        axes.append(
+            fig.add_axes((x / width, y / height, cell_w / width, cell_h / height))
+        )
+    grid_h = height - title - bottom[-1]
+    bar = fig.add_axes(
+        (
+            (width - right + 0.3) / width,
+            (bottom[-1] + 0.2 * grid_h) / height,
+            0.28 / width,
+            0.6 * grid_h / height,
+        ),
+        label="<colorbar>",
+    )
+    return axes, bar
