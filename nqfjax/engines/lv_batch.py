@@ -414,7 +414,7 @@ def solve_lv_batch(
         None if fields[k] is None else fields[k].astype(dtype) for k in names
     )
     if dt0 is None:
-        dt0 = _first_step(dict(zip(names, system)), axes, m0)
+        dt0 = _first_step(system, tuple(axes[k] for k in names), m0)
     y, loss, stats, ok = _solve_batch(
         system,
         tuple(axes[k] for k in names),
@@ -442,9 +442,13 @@ def solve_lv_batch(
     return Solution(jnp.broadcast_to(ts, (n, ts.shape[0])), y, loss, stats, result)
 
 
-def _first_step(fields, axes, m0):
+@functools.partial(jax.jit, static_argnames="axes")
+def _first_step(system, axes, m0):
     """`solve_lv`'s first step per member: `1e-2 / (max|r| + max|B| max(m0))`
-    (`max|B|` is the largest diagonal entry: `B` is PSD)."""
+    (`max|B|` is the largest diagonal entry: `B` is PSD). `system` and `axes` as
+    `_solve_batch`'s; one compiled call (eagerly, its ops would be ten)."""
+    fields = dict(zip(_FIELDS + _LOSS_FIELDS, system))
+    axes = dict(zip(_FIELDS + _LOSS_FIELDS, axes))
     per = lambda k: fields[k] if axes[k] == 0 else fields[k][None]
     r_max = jnp.max(jnp.abs(per("r")), axis=-1)
     if fields["B_diag"] is None:

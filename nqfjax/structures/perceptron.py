@@ -1,5 +1,6 @@
 """Two-layer perceptron: `f(x) = sum_i a_i sigma(u_i . x)` with k outputs."""
 
+import functools
 from collections.abc import Callable
 from typing import final
 
@@ -29,15 +30,26 @@ def _slope_at_zero(activation: Callable) -> float:
         return _slope_at_zero_eager(activation)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _value_and_slope(activation, z):
+    return jax.value_and_grad(activation)(z)
+
+
 def _slope_at_zero_eager(activation: Callable) -> float:
-    value = float(activation(jnp.zeros((), jnp.float32)))
+    zero = jnp.zeros((), jnp.float32)
+    try:
+        hash(activation)
+    except TypeError:  # e.g. a module holding arrays: not a static argument
+        value, slope = activation(zero), jax.grad(activation)(zero)
+    else:  # one compiled call per activation (eagerly, its ops would be six)
+        value, slope = _value_and_slope(activation, zero)
+    value, slope = float(value), float(slope)
     if not np.isfinite(value) or abs(value) > 1e-7:
         raise ValueError(
             "`activation` must satisfy sigma(0) = 0 (the unit's output a*sigma(u.x) "
             f"then has no first-order term at zero); got sigma(0) = {value:.3g}. "
             "Use a centred activation such as tanh, or sigma(z) - sigma(0)."
         )
-    slope = float(jax.grad(activation)(jnp.zeros((), jnp.float32)))
     if not np.isfinite(slope) or slope == 0.0:
         raise ValueError(
             "`activation` must have a finite nonzero slope sigma'(0); got "
