@@ -41,8 +41,9 @@ times, the singular-limit staircase), init_scale.png (switch-on times against
 ln(1/sigma) with the predicted slopes 2/r_k), power_law.png (thousands of modes,
 fitted and predicted exponents), structures.png (the structure matrix of each
 architecture), report.json (every number, the configuration and library
-versions) and report.md (a readable summary embedding the figures). About a
-minute on two CPU cores, --quick about half that once its programs are cached.
+versions) and report.md (a readable summary embedding the figures). Under a
+minute on two CPU cores (about 30 s once its programs are cached), --quick
+(without the M-space flow) about 14 s of CPU once its programs are cached.
 
 Compiled programs are kept in JAX's persistent compilation cache, in
 $XDG_CACHE_HOME/nqfjax/jax (default ~/.cache/nqfjax/jax), so a second run
@@ -140,10 +141,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a smaller problem with the same four figures and five checks: two "
         "modes instead of three, 100 records instead of 400, three init scales, "
-        "1000 power-law modes in closed form, an explicit solver for the M-space "
-        "flow; measured on an idle two-core machine: 24 s (27 s of CPU) with a "
-        "warm compilation cache, 45 s (54 s of CPU) cold; compiling and tracing "
-        "dominate either",
+        "1000 power-law modes in closed form, and no M-space flow (the full demo "
+        "draws it); measured on an idle two-core machine: 13 s (14 s of CPU) with "
+        "a warm compilation cache, 26-29 s (34-37 s of CPU) cold; importing, "
+        "tracing and compiling dominate either",
     )
 
     sweep = sub.add_parser(
