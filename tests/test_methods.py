@@ -262,6 +262,7 @@ def test_gd_and_momentum_departures(reports):
     assert np.all(np.isnan(np.asarray(gd.departure[3:])))  # the shrinking modes
 
 
+@pytest.mark.slow  # shares the `reports` fixture (~40 s) with the test above
 def test_sgd_departure_shrinks_with_batch_size(reports):
     """Minibatch gradients are unbiased with covariance f(b) = (n-b)/(b(n-1))
     times the per-sample one: to leading order the switch-on times scatter
@@ -289,6 +290,7 @@ def test_sgd_departure_shrinks_with_batch_size(reports):
     assert np.all(bs < 2 * spread[2])
 
 
+@pytest.mark.slow  # shares the `reports` fixture (~40 s) with the test above
 def test_adam_departs_by_order_one(reports):
     """Adam normalises each coordinate's step: every mode grows at ~lr per step
     whatever its r_k, so on the clock of its nominal rate the modes switch on
