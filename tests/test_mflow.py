@@ -89,6 +89,8 @@ def _w_flow(task, W0, ts, eta, lam):
     return jnp.einsum("tim,tjm->tij", sol.ys, sol.ys)
 
 
+@pytest.mark.slow  # 19 s; the suite keeps test_agreement's M-space vs W-space
+# check on a task that does not reduce
 def test_mflow_matches_w_space_not_reducible(getkey):
     """Covariance not commuting with M* (lv_reduce refuses) and a random
     rank-3 (width 3 < p) init: solve_mflow still matches the W-space gradient
