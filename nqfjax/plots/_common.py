@@ -22,10 +22,10 @@ def _save(fig, path) -> None:
         write_figure(path, fig)
 
 
-def _grid(fig, nrows=1, ncols=1, *, right, bottom, top, hgap=0.0, **kw):
+def _grid(fig, nrows=1, ncols=1, *, top, right=0.15, bottom=0.5, hgap=0.15, **kw):
     """A `GridSpec` whose right, bottom and top margins and row gap are given in
-    inches; its left margin and column gap are set by `_fit_y_labels` once the
-    axes' limits are known.
+    inches (the defaults are those of the demo's figures); its left margin and
+    column gap are set by `_fit_y_labels` once the axes' limits are known.
 
     The demo's figures are placed this way instead of by a layout engine: the
     constrained layout measures every tick label of every axes twice more before

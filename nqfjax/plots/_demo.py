@@ -66,10 +66,7 @@ def plot_loss_curves(
         fig,
         2,
         2 if second else 1,
-        right=0.15,
-        bottom=0.5,
         top=_title_inches(title, rescaled_title if second else ""),
-        hgap=0.15,
         height_ratios=(3, 1.3),
     )
     ax = fig.add_subplot(grid[0, 0])
@@ -163,12 +160,12 @@ def plot_init_scale(
     x = np.asarray(log_inv_sigma, float)
     times = np.asarray(times, float)
     fig = Figure(figsize=(6.4, 6.0 if predicted_times is not None else 4.4))
-    margins = dict(right=0.15, bottom=0.5, top=_title_inches(""), hgap=0.15)
+    top = _title_inches("")
     if predicted_times is None:
-        grid = _grid(fig, **margins)
+        grid = _grid(fig, top=top)
         ax, ratio = fig.add_subplot(grid[0]), None
     else:
-        grid = _grid(fig, 2, 1, height_ratios=(3, 1.3), **margins)
+        grid = _grid(fig, 2, 1, top=top, height_ratios=(3, 1.3))
         ax = fig.add_subplot(grid[0])
         ratio = fig.add_subplot(grid[1], sharex=ax)
     order = np.argsort(x)
@@ -263,16 +260,7 @@ def plot_power_law(
     """
     tt, ll = _positive(t, loss)
     fig = Figure(figsize=(6.6, 6.4))
-    grid = _grid(
-        fig,
-        2,
-        1,
-        right=0.15,
-        bottom=0.5,
-        top=_title_inches(""),
-        hgap=0.15,
-        height_ratios=(3, 1.6),
-    )
+    grid = _grid(fig, 2, 1, top=_title_inches(""), height_ratios=(3, 1.6))
     ax = fig.add_subplot(grid[0])
     slope = fig.add_subplot(grid[1], sharex=ax)
     ax.loglog(tt, ll, lw=2.4, color=_colour(0), label="Lotka-Volterra simulation")
