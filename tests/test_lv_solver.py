@@ -254,6 +254,7 @@ def test_bad_arguments():
         solve_lv(lv, np.full(P, 0.1), [1.0, 2.0], solver=LVRosenbrock(B=jnp.eye(3)))
 
 
+@pytest.mark.slow  # 15 s; test_lv_batch checks the same solves against scipy
 def test_benchmark_quick_agrees():
     """Smoke test of `benchmarks/lv_vs_scipy.py --quick`: numbers only, no timing."""
     path = pathlib.Path(__file__).parents[1] / "benchmarks" / "lv_vs_scipy.py"

@@ -389,7 +389,9 @@ class RosenbrockInterpolation(diffrax.AbstractLocalInterpolation):
         del left
         if t1 is not None:
             return self.evaluate(t1) - self.evaluate(t0)
-        theta = ((t0 - self.t0) / (self.t1 - self.t0)).astype(self.y0.dtype)
+        # a step of length 0 (a finished member under `vmap`) has theta = 0
+        h = self.t1 - self.t0
+        theta = ((t0 - self.t0) / jnp.where(h == 0, 1, h)).astype(self.y0.dtype)
         return dense_output(self.y0, self.y1, self.H, theta)
 
 
@@ -589,7 +591,16 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         def f(t, y):
             return sign * terms.vf(t, y, args).astype(dtype)
 
+        # A step of length 0 is what a finished member of a `vmap`ped solve
+        # takes: its stages divide by `h`, so they are computed on a unit step
+        # and discarded; without this, their infinities reach the cotangents of
+        # the other members through `vmap`'s selects (0 * inf = NaN).
+        idle = h == 0
+        h = jnp.where(idle, jnp.ones_like(h), h)
         solve, ft = self._linear_solve(f, t0, y0, tab.gamma * h, sign)
         y1, err, H = rosenbrock_stages(tab, f, solve, t0, y0, h, ft)
+        y1 = jnp.where(idle, y0, y1)
+        err = jnp.where(idle, jnp.zeros_like(err), err)
+        H = jnp.where(idle, jnp.zeros_like(H), H)
         dense_info = dict(y0=y0, y1=y1, H=H)
         return y1, err, dense_info, None, diffrax.RESULTS.successful
