@@ -97,25 +97,37 @@ def problem(p: int, seed: int = 0):
     return theta0, B_diag, B_factor, eps, 30.0
 
 
+def _start(theta, B_diag, B_factor, eps, dense=False):
+    """The system and initial values of `theta = (log sigma, eta, r)`:
+    `(LotkaVolterra(eta r, eta B), sigma^2 eps)`, `B` given as diagonal plus
+    `B_factor B_factor^T` (dense: as one matrix)."""
+    log_sigma, eta, r = theta[0], theta[1], theta[2:]
+    if dense:
+        B = jnp.diag(B_diag) + B_factor @ B_factor.T
+        lv = nqfjax.LotkaVolterra(eta * r, eta * B)
+    else:
+        lv = nqfjax.LotkaVolterra(
+            eta * r, B_diag=eta * B_diag, B_factor=jnp.sqrt(eta) * B_factor
+        )
+    return lv, jnp.exp(2 * log_sigma) * eps
+
+
+def _objective(m, r, B):
+    """`F = m^T B m / 2 - r^T m` at the final `m`."""
+    return 0.5 * m @ (B @ m) - r @ m
+
+
 def make_batch_loss(B_diag, B_factor, eps, T):
     """`F(thetas, atol)`: the loss at `T` of each row of `thetas` `(n, P)`, the
     `n` systems in one `solve_lv_batch` (its gradient: the discrete adjoint)."""
     B_diag, B_factor, eps = map(jnp.asarray, (B_diag, B_factor, eps))
     B = jnp.diag(B_diag) + B_factor @ B_factor.T
 
-    def system(theta):
-        eta, r = theta[1], theta[2:]
-        return nqfjax.LotkaVolterra(
-            eta * r, B_diag=eta * B_diag, B_factor=jnp.sqrt(eta) * B_factor
-        )
-
     def F(thetas, atol):
-        lv = jax.vmap(system)(thetas)
-        m0 = jnp.exp(2 * thetas[:, :1]) * eps
+        lv, m0 = jax.vmap(lambda th: _start(th, B_diag, B_factor, eps))(thetas)
         ts = jnp.full((1,), T, thetas.dtype)
-        sol = nqfjax.solve_lv_batch(lv, m0, ts, rtol=0.0, atol=atol)
-        m = sol.ys[:, -1]
-        return 0.5 * jnp.sum(m * (m @ B), axis=-1) - jnp.sum(thetas[:, 2:] * m, -1)
+        m = nqfjax.solve_lv_batch(lv, m0, ts, rtol=0.0, atol=atol).ys[:, -1]
+        return jax.vmap(_objective, in_axes=(0, 0, None))(m, thetas[:, 2:], B)
 
     return F
 
@@ -139,17 +151,10 @@ def make_loss(B_diag, B_factor, eps, T, *, dense=False):
     B = jnp.diag(B_diag) + B_factor @ B_factor.T
 
     def F(theta, atol, adjoint=diffrax.RecursiveCheckpointAdjoint()):
-        log_sigma, eta, r = theta[0], theta[1], theta[2:]
-        if dense:
-            lv = nqfjax.LotkaVolterra(eta * r, eta * B)
-        else:
-            lv = nqfjax.LotkaVolterra(
-                eta * r, B_diag=eta * B_diag, B_factor=jnp.sqrt(eta) * B_factor
-            )
-        m0 = jnp.exp(2 * log_sigma) * eps
+        lv, m0 = _start(theta, B_diag, B_factor, eps, dense)
         ts = jnp.full((1,), T, theta.dtype)
         m = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=atol, adjoint=adjoint).ys[-1]
-        return 0.5 * m @ (B @ m) - r @ m
+        return _objective(m, theta[2:], B)
 
     return F
 

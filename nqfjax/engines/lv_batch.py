@@ -224,14 +224,20 @@ def _loop_setup(system, axes, dtype, times):
 
 
 def _attempt(setup, system, rtol, atol, t, dt, y, active):
-    """One attempted step of every member: `(t1, h, y1, H, accept, dt_next)`.
-    Finished members idle on a unit step."""
+    """One attempted step of every member from `(t, dt, y)`: `(h, y1, H, accept,
+    (t, dt, y) after it)`, the state moved on where the step is accepted and `dt`
+    the controller's next where `active`. Inactive members idle on a unit step."""
     step, y_max, t_end, t_floor = setup
     t1 = jnp.where(t + dt > t_floor, t_end, t + dt)
     h = jnp.where(active, t1 - t, 1.0)
     y1, err, H = step(system, y, h, y_max)
     accept, dt_next = _controller(y, y1, err, h, active, rtol, atol)
-    return t1, h, y1, H, accept, dt_next
+    after = (
+        jnp.where(accept, t1, t),
+        jnp.where(active, dt_next, dt),
+        jnp.where(accept[:, None], y1, y),
+    )
+    return h, y1, H, accept, after
 
 
 def _pack(y, *scalars):
@@ -274,18 +280,14 @@ def _integrate_loop(system, axes, y0, times, t_start, dt0, rtol, atol, max_steps
     def body(carry):
         t, dt, y, idx, out, n_acc, n_rej, it, rec = carry
         active = t < t_end
-        t1, h, y1, H, accept, dt_next = _attempt(
-            setup, system, rtol, atol, t, dt, y, active
-        )
+        h, y1, H, accept, after = _attempt(setup, system, rtol, atol, t, dt, y, active)
         idx_new, out = _write_outputs(times, t, h, y, y1, H, accept, idx, out)
         if record:
             first, ckpt = rec
             # the first segment's accepted steps; masked writes are dropped
             slot = jnp.where(accept & (n_acc < seg), n_acc, seg)
             first = first.at[rows, slot].set(_pack(y, t, h, idx), mode="drop")
-        t = jnp.where(accept, t1, t)
-        y = jnp.where(accept[:, None], y1, y)
-        dt = jnp.where(active, dt_next, dt)
+        t, dt, y = after
         n_acc = n_acc + accept
         n_rej = n_rej + (active & ~accept)
         if record:
@@ -327,17 +329,13 @@ def _recompute_segment(setup, system, times, rtol, atol, seg, state, count):
     def body(carry):
         t, dt, y, idx, c, bufs = carry
         active = (c < count) & (t < t_end)
-        t1, h, y1, _, accept, dt_next = _attempt(
-            setup, system, rtol, atol, t, dt, y, active
-        )
+        h, _, _, accept, after = _attempt(setup, system, rtol, atol, t, dt, y, active)
         slot = jnp.where(accept, c, seg)
         bufs = bufs.at[rows, slot].set(_pack(y, t, h, idx), mode="drop")
         idx = jnp.where(
             accept, jnp.searchsorted(times, t + h, side="right").astype(idx.dtype), idx
         )
-        t = jnp.where(accept, t1, t)
-        y = jnp.where(accept[:, None], y1, y)
-        dt = jnp.where(active, dt_next, dt)
+        t, dt, y = after
         c = c + accept
         # a member that reached the end stops counting (the forward pass's steps
         # are reproduced, so this guards against a loop that would not end)
@@ -480,7 +478,7 @@ def _chunk_bwd(axes, max_steps, seg, residuals, cotangents):
         j, ybar, sys_bar = carry
         j = j - 1
         count = jnp.clip(n_acc - j * seg, 0, seg)
-        y_c, t_c, dt_c, idx_c = _unpack(ckpt[:, jnp.maximum(j, 0)])
+        y_c, t_c, dt_c, idx_c = _unpack(ckpt[:, j])
         state = (t_c, dt_c, y_c, idx_c)
         record = jax.lax.cond(
             j == 0,
