@@ -125,6 +125,7 @@ from .structures.registry import (
     structure_names as structure_names,
 )
 from .sweep import (
+    SweepPointError as SweepPointError,
     SweepResult as SweepResult,
     grid_product as grid_product,
     sweep as sweep,

@@ -1,14 +1,23 @@
 """Small argument checks shared across modules.
 
 Shape and dtype problems are caught at trace time with a `ValueError` that names
-the argument; value problems (NaN, a negative scale) use `eqx.error_if`, which
-works under `jit` and `vmap`.
+the argument. Value problems (NaN, a negative scale) go through `error_if`, the one
+concrete-or-traced check: a `ValueError` at once on concrete values, a runtime
+error (`eqx.error_if`) on traced ones, under `jit`, `vmap`, `grad` and inside
+`shard_map` -- where a device program must not raise (a callback raising in a
+multi-device CPU program can abort the process), so a `deferred_errors` block on
+the host records the failures instead and the driver (`sweep`) raises them after
+the program has finished.
 """
 
+import contextlib
 import functools
+import threading
 import warnings
+from collections.abc import Iterator
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +61,75 @@ def is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
 
 
+# the messages of failed runtime checks, while a `deferred_errors` block is open
+_DEFERRED_LOCK = threading.Lock()
+_deferred: list[str] | None = None
+
+
+@contextlib.contextmanager
+def deferred_errors() -> Iterator[list[str]]:
+    """Record, instead of raise, the runtime checks (`error_if`) that fail in the
+    programs run inside this block; yields the list of their messages.
+
+    The choice is made when a program *runs*, not when it is traced, so a
+    program compiled (or cached by an inner `jax.jit`) outside the block behaves
+    the same inside it. Materialise the outputs inside the block: a program still
+    running when it closes raises as usual. Blocks do not nest.
+    """
+    global _deferred
+    with _DEFERRED_LOCK:
+        if _deferred is not None:
+            raise RuntimeError("`deferred_errors` blocks do not nest.")
+        _deferred = messages = []
+    try:
+        yield messages
+    finally:
+        with _DEFERRED_LOCK:
+            _deferred = None
+
+
+def _record(msg: str):
+    def callback(failed):
+        if not np.any(failed):
+            return np.bool_(False)
+        with _DEFERRED_LOCK:
+            if _deferred is None:
+                return np.bool_(False)
+            if msg not in _deferred:
+                _deferred.append(msg)
+            return np.bool_(True)
+
+    return callback
+
+
+def error_if(x, pred, msg: str, exception: type[Exception] = ValueError):
+    """Return `x`, failing with `msg` where `pred` holds: the one concrete-or-traced
+    check.
+
+    Concrete `pred`: `exception(msg)` at once (`ValueError` for a bad argument,
+    `RuntimeError` for a failed solve). Traced `pred` (under `jit`,
+    `vmap`, `grad`, `shard_map`): at run time, through `eqx.error_if` (whose
+    error carries `msg`; under `vmap` any failing member fails the batch), unless
+    the program runs inside a `deferred_errors` block, which records `msg` and
+    lets the program finish (its outputs are then not to be used).
+    """
+    if is_concrete(pred):
+        if np.any(np.asarray(pred)):
+            raise exception(msg)
+        return x
+    failed = eqxi.unvmap_any(jnp.any(pred))
+    # the host is asked only when the check failed: a callback costs a round trip
+    deferred = jax.lax.cond(
+        failed,
+        lambda f: jax.pure_callback(
+            _record(msg), jax.ShapeDtypeStruct((), jnp.bool_), f
+        ),
+        lambda f: jnp.zeros((), jnp.bool_),
+        failed,
+    )
+    return eqx.error_if(x, failed & ~deferred, msg)
+
+
 def finite(name: str, x):
     """Return `x`, raising (also under jit/vmap) if it has a NaN or inf."""
     x = jnp.asarray(x)
@@ -59,7 +137,7 @@ def finite(name: str, x):
         if not np.all(np.isfinite(np.asarray(x))):
             raise ValueError(f"`{name}` contains NaN or inf.")
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), f"`{name}` contains NaN or inf.")
+    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"`{name}` contains NaN or inf.")
 
 
 def positive(name: str, x):
@@ -73,7 +151,7 @@ def positive(name: str, x):
                 msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}."
             )
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x > 0)), msg)
+    return error_if(x, ~jnp.all(jnp.isfinite(x) & (x > 0)), msg)
 
 
 def nonnegative(name: str, x):
@@ -87,7 +165,7 @@ def nonnegative(name: str, x):
                 msg + f" Got {xn if xn.size < 8 else 'an array with bad entries'}."
             )
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg)
+    return error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg)
 
 
 def increasing(name: str, ts):
@@ -103,7 +181,7 @@ def increasing(name: str, ts):
             raise ValueError(msg)
         return ts
     bad = ~(jnp.all(jnp.isfinite(ts)) & jnp.all(jnp.diff(ts) > 0))
-    return eqx.error_if(ts, bad, msg)
+    return error_if(ts, bad, msg)
 
 
 def symmetric_psd(name: str, X, *, rtol: float = 1e-6):
@@ -136,9 +214,9 @@ def symmetric_psd(name: str, X, *, rtol: float = 1e-6):
     tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
     sym_err = jnp.max(jnp.abs(X - X.T))
     min_eig = jnp.min(jnp.linalg.eigvalsh(0.5 * (X + X.T)))
-    X = eqx.error_if(X, ~jnp.all(jnp.isfinite(X)), f"`{name}` contains NaN or inf.")
-    X = eqx.error_if(X, sym_err > tol, f"`{name}` must be symmetric.")
-    return eqx.error_if(
+    X = error_if(X, ~jnp.all(jnp.isfinite(X)), f"`{name}` contains NaN or inf.")
+    X = error_if(X, sym_err > tol, f"`{name}` must be symmetric.")
+    return error_if(
         X, min_eig < -tol * X.shape[0], f"`{name}` must be positive semi-definite."
     )
 

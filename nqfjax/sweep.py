@@ -38,6 +38,7 @@ from ._checkpoint import (
     serialise,
     sync_chunks,
 )
+from ._checks import deferred_errors
 
 
 _FORMAT = 2  # of the checkpoint: 2 adds each chunk's size and SHA-256
@@ -61,6 +62,9 @@ class SweepResult(eqx.Module):
     - `shard_size`: points of the (padded) chunk held by each of those devices.
     - `damaged`: the checkpoint chunk files found damaged (or not matching the
       manifest) and recomputed by this call.
+    - `per_device`: over a mesh, whether each device ran its own points' loops
+      (`shard_map`), or the devices stepped together (a sharded `jit`: the
+      fallback for a function that cannot be traced inside `shard_map`).
     """
 
     grid: dict[str, Array]
@@ -71,6 +75,7 @@ class SweepResult(eqx.Module):
     devices: tuple[int, ...] = eqx.field(static=True, default=())
     shard_size: int = eqx.field(static=True, default=0)
     damaged: tuple[str, ...] = eqx.field(static=True, default=())
+    per_device: bool = eqx.field(static=True, default=True)
 
     def __len__(self) -> int:
         return int(next(iter(self.grid.values())).shape[0])
@@ -246,10 +251,13 @@ def defer_interrupts() -> Iterator[Callable[[], bool]]:
 
 
 class _Program:
-    """A traced chunk program, compiled on first use."""
+    """A traced chunk program, compiled on first use; `per_device` says whether
+    each device runs its own points' loops (`shard_map`) or the devices step
+    together (a sharded `jit`)."""
 
-    def __init__(self, traced):
+    def __init__(self, traced, per_device: bool):
         self.out_info = traced.out_info
+        self.per_device = per_device
         self._traced = traced
         self._compiled = None
 
@@ -264,7 +272,7 @@ class _Program:
 _PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
-def _jit_chunk(fn, mesh: Mesh | None, axis_name: str):
+def _jit_chunk(fn, mesh: Mesh | None, axis_name: str, per_device: bool = True):
     def point_fn(point):
         return fn(**point)
 
@@ -273,16 +281,26 @@ def _jit_chunk(fn, mesh: Mesh | None, axis_name: str):
         return jax.jit(batched)
     spec = PartitionSpec(axis_name)
     sharding = NamedSharding(mesh, spec)
-    # Each device loops over its own points: under a plain sharded `jit` the
-    # partitioner would all-reduce a batched while loop's condition at every
-    # step, stepping every device (and process) in lockstep.
-    local = jax.shard_map(batched, mesh=mesh, in_specs=(spec,), out_specs=spec)
-    return jax.jit(local, in_shardings=(sharding,), out_shardings=sharding)
+    if per_device:
+        # Each device loops over its own points: under a plain sharded `jit` the
+        # partitioner would all-reduce a batched while loop's condition at every
+        # step, stepping every device (and process) in lockstep. No collective
+        # runs inside, so the varying-axes types are not checked
+        # (`check_vma=False`): diffrax's loops and equinox's checks lack them.
+        batched = jax.shard_map(
+            batched, mesh=mesh, in_specs=(spec,), out_specs=spec, check_vma=False
+        )
+    return jax.jit(batched, in_shardings=(sharding,), out_shardings=sharding)
 
 
 def _chunk_program(fn, inputs: dict, mesh: Mesh | None, axis_name: str) -> _Program:
     """The chunk program of `fn` for inputs shaped like `inputs`, from the cache
-    when `fn` was swept with the same shapes, mesh and precision before."""
+    when `fn` was swept with the same shapes, mesh and precision before.
+
+    Over a mesh, the devices run their own loops (`shard_map`) where `fn` can be
+    traced so; a function that cannot (lineax's linear solves, inside diffrax's
+    implicit solvers, refuse the vectors of a `shard_map`) runs as a sharded
+    `jit`, its loops in lockstep over the devices: the same numbers, slower."""
     key = (
         mesh,
         axis_name,
@@ -294,7 +312,17 @@ def _chunk_program(fn, inputs: dict, mesh: Mesh | None, axis_name: str) -> _Prog
     except TypeError:  # not weakly referenceable (e.g. a bound method): no cache
         cache = {}
     if key not in cache:
-        cache[key] = _Program(_jit_chunk(fn, mesh, axis_name).trace(inputs))
+        try:
+            traced = _jit_chunk(fn, mesh, axis_name).trace(inputs)
+            cache[key] = _Program(traced, per_device=True)
+        except Exception as error:
+            if mesh is None:
+                raise
+            try:
+                traced = _jit_chunk(fn, mesh, axis_name, per_device=False)
+                cache[key] = _Program(traced.trace(inputs), per_device=False)
+            except Exception:
+                raise error from None
     return cache[key]
 
 
@@ -315,6 +343,48 @@ def _shard_devices(x) -> tuple[tuple[int, ...], int]:
 
 # --------------------------------------------------------------------------------
 # the sweep
+
+
+class SweepPointError(ValueError):
+    """A runtime check failed at a point of a sweep's chunk (a `ValueError`).
+
+    **Fields:** `messages` (the failed checks' messages, empty on a process that
+    saw none of them), `chunk` (its index) and `points` (the indices of its
+    grid points, a `range`).
+    """
+
+    def __init__(self, text: str, messages: tuple[str, ...], chunk: int, points):
+        super().__init__(text)
+        self.messages = messages
+        self.chunk = chunk
+        self.points = points
+
+
+def _point_error(failed, i, rows, chunk, grid, ckpt) -> SweepPointError:
+    points = range(i * chunk, i * chunk + rows)
+    values = ", ".join(
+        f"{name} in [{a[points.start].item()!r}, {a[points.stop - 1].item()!r}]"
+        for name, a in grid.items()
+        if a.ndim == 1
+    )
+    if not failed:
+        what = "a check failed on another process"
+    elif len(failed) == 1:
+        what = failed[0]
+    else:  # the first check that failed, the later ones ran on its bad values
+        what = f"{failed[0]} (and {len(failed) - 1} later check(s))"
+    kept = (
+        "the chunks finished before it are saved in the checkpoint"
+        if ckpt is not None
+        else "pass `checkpoint=` to keep the chunks that finish"
+    )
+    return SweepPointError(
+        f"sweep: a point of chunk {i} (points {points.start}-{points.stop - 1}"
+        f"{': ' + values if values else ''}) failed: {what} ({kept}).",
+        tuple(failed),
+        i,
+        points,
+    )
 
 
 def _check_mesh(mesh, axis_name) -> tuple[int, NamedSharding | None, bool]:
@@ -379,9 +449,20 @@ def sweep(
     multiple of their number. Each device runs the vmapped `fn` on its own points
     (`jax.shard_map`), so an adaptive solver's loop runs as long as that device's
     points need, with no collective inside it; the results are gathered after
-    each chunk. For one host with several devices, `Mesh(jax.devices(),
-    ("sweep",))`; for testing on CPU,
+    each chunk. A function that cannot be traced inside `shard_map` (today: one
+    that calls diffrax's implicit solvers, such as `solve_mflow`'s default
+    `Kvaerno5`, whose lineax solves refuse a `shard_map`'s vectors) runs as a
+    sharded `jit` instead, its loops stepping together on every device: the
+    same results, slower; `SweepResult.per_device` says which ran. For one host
+    with several devices, `Mesh(jax.devices(), ("sweep",))`; for testing on CPU,
     `XLA_FLAGS=--xla_force_host_platform_device_count=8`.
+
+    **Runtime checks.** A library function's value checks (a negative init
+    scale, a solve that ran out of steps) do not raise on the devices: they are
+    recorded while the chunk runs and raised after it as a `SweepPointError`
+    (a `ValueError`) naming the check and the chunk's points; the chunks finished
+    before it stay in the checkpoint. Pass `throw=False` to a solver to get its
+    result code as an output instead.
 
     **Several processes.** Call `jax.distributed.initialize()` in every process,
     build the mesh from the global `jax.devices()`, and call `sweep` with
@@ -439,7 +520,8 @@ def sweep(
     array, arrays of different lengths, a bad `chunk`, a mesh without the axis
     `axis_name`, processes called differently, or a checkpoint that belongs to a
     different sweep or cannot be read or written (the file named);
-    `KeyboardInterrupt` after a SIGINT, at a chunk boundary.
+    `KeyboardInterrupt` after a SIGINT, at a chunk boundary; `SweepPointError`
+    when a runtime check failed at a point.
     """
     grid, n = _check_grid(grid)
     if chunk is None:
@@ -513,8 +595,13 @@ def sweep(
         for i in todo:
             if any_process(interrupted(), multi):
                 raise KeyboardInterrupt
-            out_leaves = jax.tree.leaves(compiled(chunk_inputs(i)))
-            leaves = [_to_host(x)[: rows(i)] for x in out_leaves]
+            # the runtime checks of the library's functions are recorded, not
+            # raised, on the devices, and raised here once the chunk is done
+            with deferred_errors() as failed:
+                out_leaves = jax.tree.leaves(compiled(chunk_inputs(i)))
+                leaves = [_to_host(x)[: rows(i)] for x in out_leaves]
+            if any_process(bool(failed), multi):
+                raise _point_error(failed, i, rows(i), chunk, grid, ckpt)
             if ckpt is not None and ckpt.writer:
                 ckpt.write(i, serialise(leaves))
             results[i] = leaves
@@ -534,4 +621,5 @@ def sweep(
         devices=devices,
         shard_size=shard_size,
         damaged=tuple(damaged),
+        per_device=program.per_device,
     )

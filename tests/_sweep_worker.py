@@ -1,21 +1,25 @@
-"""Subprocess worker for the kill-and-resume tests of `nqfjax.sweep`
-(test_sweep.py, test_distributed.py).
+"""Subprocess worker for the kill-and-resume tests of `nqfjax.sweep` (test_sweep.py,
+test_distributed.py).
 
 Usage: `python tests/_sweep_worker.py CHECKPOINT LOG OUT GATE [options]`.
 
 Runs `sweep(point, GRID, checkpoint=CHECKPOINT, chunk=CHUNK)` (no checkpoint if
 CHECKPOINT is empty), over a mesh of every device (`jax.devices()`) when there is
-more than one. Every evaluated grid point appends its index to LOG (through
-`jax.debug.callback`, so the log counts real evaluations, not traces). Points of
-chunk 2 and later block until the file GATE exists, so a first run can be killed
-deterministically while chunk 2 is in flight. The outputs are saved to OUT (npz)
-with the chunk counts.
+more than one. The point runs one of the library's engines (`--engine`): `solve_lv`
+(the default: a three-mode interacting system, an adaptive solve whose step count
+depends on the point) or `train` (gradient descent of a tanh perceptron), both from
+an init scale `sigma = exp(log_sigma)`. Every evaluated grid point appends its index
+to LOG (through `jax.debug.callback`, so the log counts real evaluations, not traces).
+Points of chunk 2 and later block until the file GATE exists, so a first run can be
+killed deterministically while chunk 2 is in flight. The outputs are saved to OUT
+(npz) with the chunk counts.
 
-Options: `--process I --processes N --port P` join a multi-process run through
-`jax.distributed.initialize` with its coordinator on 127.0.0.1:P; `--shift X`
-adds X to the grid's `log_sigma` (a process called with another grid); `--dump
-DIR` has process 0 write the optimized chunk program of the sweep (`sweep.hlo`)
-and of a plain sharded `jit` of the same function (`jit.hlo`) to DIR.
+Options: `--engine NAME` (above); `--process I --processes N --port P` join a multi-
+process run through `jax.distributed.initialize` with its coordinator on
+127.0.0.1:P; `--shift X` adds X to the grid's `log_sigma` (a process called with
+another grid); `--dump DIR` has process 0 write the optimized chunk program of the
+sweep (`sweep.hlo`) and of a plain sharded `jit` of the same function (`jit.hlo`) to
+DIR.
 """
 
 import argparse
@@ -35,11 +39,49 @@ CHUNK = 4
 GRID = {"index": np.arange(N), "log_sigma": np.linspace(-8.0, -2.0, N)}
 
 
-def make_point(log_path: str | None, gate: str | None):
-    """The swept function of one point: a small logistic-mode loss curve, computed
-    by 200 explicit Euler steps of two independent LV modes from `m0 = sigma^2`,
-    and the number of steps until the loss halves (a while loop whose trip count
-    depends on the point, as an adaptive solver's does)."""
+def _solve_lv_point(log_sigma):
+    """The loss curve of a three-mode interacting LV system from `m0 = sigma^2
+    (1, 2, 3)`, solved by `nqfjax.solve_lv` (its default Rosenbrock solver)."""
+    import nqfjax
+
+    r = jnp.array([1.0, 0.5, 0.2])
+    B = jnp.array([[1.0, 0.2, 0.1], [0.2, 1.0, 0.3], [0.1, 0.3, 0.8]])
+    lv = nqfjax.LotkaVolterra(r, B)
+    m0 = jnp.exp(2 * log_sigma) * jnp.arange(1.0, 4.0)
+    sol = nqfjax.solve_lv(lv, m0, jnp.linspace(1.0, 80.0, 10))
+    return {"loss": sol.loss, "final": sol.loss[-1], "steps": sol.stats["num_steps"]}
+
+
+def _train_point(log_sigma):
+    """The loss curve of full-batch gradient descent of a tanh perceptron (d = 4,
+    k = 2, 4 units) on 16 fixed samples, from `W = sigma Z`, by `nqfjax.train`."""
+    import nqfjax
+
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(16, 4))
+    ys = xs @ (0.3 * rng.normal(size=(2, 4))).T
+    net = nqfjax.Perceptron(d=4, k=2)
+    res = nqfjax.train(
+        net,
+        xs,
+        ys,
+        num_steps=300,
+        learning_rate=0.5,
+        init_scale=jnp.exp(log_sigma),
+        width=4,
+        key=jax.random.key(0),
+        num_records=10,
+        snapshots=False,
+    )
+    return {"loss": res.loss, "final": res.loss[-1]}
+
+
+ENGINES = {"solve_lv": _solve_lv_point, "train": _train_point}
+
+
+def make_point(log_path: str | None, gate: str | None, engine: str = "solve_lv"):
+    """The swept function of one point: `ENGINES[engine]` at `log_sigma`, after
+    logging (and gating) the point's index."""
 
     def record(index):
         if log_path:
@@ -51,27 +93,7 @@ def make_point(log_path: str | None, gate: str | None):
 
     def point(index, log_sigma):
         jax.debug.callback(record, index)
-        r = jnp.array([1.0, 0.3])
-        b = jnp.array([1.0, 0.5])
-
-        def step(m):
-            return m + 0.05 * m * (r - b * m)
-
-        def loss(m):
-            return 0.5 * jnp.sum(b * (r / b - m) ** 2)
-
-        def scan_step(m, _):
-            m = step(m)
-            return m, loss(m)
-
-        m0 = jnp.exp(2 * log_sigma) * jnp.ones(2)
-        _, losses = jax.lax.scan(scan_step, m0, None, length=200)
-        _, to_half = jax.lax.while_loop(
-            lambda c: (loss(c[0]) > 0.5 * loss(m0)) & (c[1] < 100_000),
-            lambda c: (step(c[0]), c[1] + 1),
-            (m0, 0),
-        )
-        return {"loss": losses[::20], "final": losses[-1], "to_half": to_half}
+        return ENGINES[engine](log_sigma)
 
     return point
 
@@ -113,6 +135,7 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--shift", type=float, default=0.0)
     parser.add_argument("--dump", default="")
+    parser.add_argument("--engine", default="solve_lv")
     args = parser.parse_args()
     if args.processes > 1:
         jax.distributed.initialize(
@@ -130,7 +153,7 @@ def main():
     mesh = None
     if len(jax.devices()) > 1:
         mesh = Mesh(np.array(jax.devices()), ("sweep",))
-    point = make_point(args.log, args.gate)
+    point = make_point(args.log, args.gate, args.engine)
     grid = {"index": GRID["index"], "log_sigma": GRID["log_sigma"] + args.shift}
     result = sweep(
         point,

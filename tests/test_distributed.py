@@ -85,11 +85,11 @@ def _finish(procs, timeout=240) -> list[tuple[int, str]]:
     return out
 
 
-def _reference(tmp_path, devices: int) -> dict:
+def _reference(tmp_path, devices: int, engine: str = "solve_lv") -> dict:
     """One process over a mesh of `devices` CPU devices, no checkpoint."""
     out = tmp_path / f"reference{devices}.npz"
     proc = subprocess.run(
-        [sys.executable, WORKER, "", "", str(out), ""],
+        [sys.executable, WORKER, "", "", str(out), "", "--engine", engine],
         env=_env(devices),
         capture_output=True,
         text=True,
@@ -133,18 +133,29 @@ def _evaluated(*logs) -> list[int]:
 
 
 def _assert_equal_bits(result: dict, reference: dict) -> None:
-    for name in ("loss", "final", "to_half"):
+    names = [k for k in reference if k not in _COUNTS]
+    assert "loss" in names and "final" in names
+    for name in names:
         np.testing.assert_array_equal(result[name], reference[name], err_msg=name)
 
 
-def test_two_processes_killed_and_resumed_equal_one_process(tmp_path):
+_COUNTS = ("n_loaded", "n_computed", "devices", "shard_size")
+
+
+# The library's own engines run at every point (`solve_lv`: an adaptive solve whose
+# step count differs between points; `train`: gradient descent of a perceptron).
+@pytest.mark.parametrize("engine", ["solve_lv", "train"])
+def test_two_processes_killed_and_resumed_equal_one_process(tmp_path, engine):
     checkpoint, gate = tmp_path / "ckpt", tmp_path / "gate"
     logs = [tmp_path / f"log{p}" for p in range(2)]
     outs = [tmp_path / f"out{p}.npz" for p in range(2)]
 
     def args_of(p, dump=""):
         extra = ["--dump", str(dump)] if dump and p == 0 else []
-        return [str(checkpoint), str(logs[p]), str(outs[p]), str(gate), *extra]
+        return [
+            *(str(checkpoint), str(logs[p]), str(outs[p]), str(gate)),
+            *("--engine", engine, *extra),
+        ]
 
     # one device per process: a mesh of 2 devices over 2 processes; kill process 1
     _kill_mid_sweep(_launch(args_of, devices=1), 1, checkpoint, gate)
@@ -164,11 +175,14 @@ def test_two_processes_killed_and_resumed_equal_one_process(tmp_path):
     assert _evaluated(*logs) == list(range(2 * CHUNK, 24))
     # every process has all results, equal bit for bit to one process with the
     # same mesh (2 devices), whose points run the same XLA CPU kernels
-    reference = _reference(tmp_path, devices=2)
+    reference = _reference(tmp_path, devices=2, engine=engine)
     for result in results:
         _assert_equal_bits(result, reference)
-    assert np.ptp(reference["loss"][:, 3]) > 0.01
-    assert np.ptp(reference["to_half"]) > 10  # the loops have different lengths
+    # the init scale changes the curves (the equality is not trivial)
+    mid = reference["loss"][:, 4]
+    assert np.ptp(mid) > 0.01 * np.max(np.abs(mid))
+    if engine == "solve_lv":  # the solves' loops have different lengths
+        assert np.ptp(reference["steps"]) > 5
 
     # the optimized chunk program: no collective inside its while loops (nor
     # anywhere: the gather runs after it), where a plain sharded jit of the same

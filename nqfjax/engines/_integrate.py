@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
-from .._checks import is_concrete, static_int
+from .._checks import error_if, is_concrete, static_int
 from .clock import check_momentum, clock
 
 
@@ -53,7 +53,7 @@ class Solution(eqx.Module):
 
 
 def _traced_check(token, bad, message: str):
-    return eqx.error_if(token, bad, message)
+    return error_if(token, bad, message)
 
 
 def check_times(ts: ArrayLike, dtype, t0: float | None):
@@ -258,13 +258,20 @@ def integrate(
     last = jnp.sum(jnp.isfinite(sol.ts)) - 1
     stop = (sol.ts[last], jax.tree.map(lambda y: y[last], sol.ys))
     if throw:
-        ys = eqx.error_if(
+        ys = error_if(
             ys,
             sol.result == diffrax.RESULTS.max_steps_reached,
             f"The solver took `max_steps` = {max_steps} steps without reaching the "
             f"last time of `ts`. {on_max_steps}",
+            RuntimeError,
         )
-        ys = sol.result.error_if(ys, ~ok)
+        ys = error_if(
+            ys,
+            ~ok,
+            "The solve failed before the last time of `ts` (pass `throw=False` "
+            "for diffrax's result code in `Solution.result`).",
+            RuntimeError,
+        )
     stats = {
         k: jnp.asarray(sol.stats[k])
         for k in ("num_steps", "num_accepted_steps", "num_rejected_steps")

@@ -29,7 +29,6 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import lineax as lx
 import numpy as np
 from jaxtyping import Array, Float
 
@@ -285,19 +284,24 @@ def _combine(coeffs, ks):
 
 
 def _lu_solver(A):
-    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`) through
-    lineax, shared by every stage of a step. `lineax.linear_solve` differentiates
-    the solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same
-    factors) instead of differentiating `lu_factor`, whose JVP cost ~35x the solve
-    (benchmarks/README.md, `gradients.py`)."""
-    operator = lx.MatrixLinearOperator(A)
-    solver = lx.LU()
-    state = solver.init(lx.MatrixLinearOperator(jax.lax.stop_gradient(A)), {})
+    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), shared
+    by every stage of a step. `jax.lax.custom_linear_solve` differentiates the
+    solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same factors)
+    instead of differentiating `lu_factor`, whose JVP cost ~35x the solve
+    (benchmarks/README.md, `gradients.py`). Not `lineax.linear_solve`, which does
+    the same but refuses every vector inside `shard_map` (it compares the
+    vector's sharding with the operator's structure, which has none), where a
+    sweep over devices runs this solver. A singular `A` gives NaN, which the
+    step-size controller rejects, as it does any failed step."""
+    factors = jax.scipy.linalg.lu_factor(jax.lax.stop_gradient(A))
 
     def solve(b):
-        # throw=False: a singular W gives NaN, which the step-size controller
-        # rejects, as it does any failed step
-        return lx.linear_solve(operator, b, solver, state=state, throw=False).value
+        return jax.lax.custom_linear_solve(
+            lambda x: A @ x,
+            b,
+            lambda _, r: jax.scipy.linalg.lu_solve(factors, r),
+            lambda _, r: jax.scipy.linalg.lu_solve(factors, r, trans=1),
+        )
 
     return solve
 

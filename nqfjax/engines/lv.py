@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_shape, is_concrete, positive, renamed_keywords
+from .._checks import check_shape, error_if, is_concrete, positive, renamed_keywords
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra, _interactions
 from ._integrate import (
@@ -82,7 +82,7 @@ def _check_m0(m0, dtype):
         if low < tiny:
             raise ValueError(msg + f" Got min(m0) = {low:.4g}.")
         return m0.astype(dtype)
-    return eqx.error_if(m0, jnp.any(m0 < tiny), msg).astype(dtype)
+    return error_if(m0, jnp.any(m0 < tiny), msg).astype(dtype)
 
 
 def solve_lv(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
-from .._checks import is_concrete, static_int
+from .._checks import error_if, is_concrete, static_int
 from ..tasks.lotka_volterra import LotkaVolterra, _interactions
 from ._integrate import Solution, _tolerance_checks, check_times
 from ._rosenbrock import (
@@ -694,7 +694,7 @@ def solve_lv_batch(
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
     for bad, msg in _tolerance_checks(rtol, atol):
-        ts = eqx.error_if(ts, bad, msg)
+        ts = error_if(ts, bad, msg)
     names = _FIELDS + _LOSS_FIELDS
     system = tuple(
         None if fields[k] is None else fields[k].astype(dtype) for k in names
@@ -723,7 +723,9 @@ def solve_lv_batch(
                 bad = np.flatnonzero(~np.asarray(ok)).tolist()
                 raise eqx.EquinoxRuntimeError(_MAX_STEPS_MSG.format(max_steps, bad))
         else:
-            y = eqx.error_if(y, ~jnp.all(ok), _MAX_STEPS_MSG.format(max_steps, "some"))
+            y = error_if(
+                y, ~jnp.all(ok), _MAX_STEPS_MSG.format(max_steps, "some"), RuntimeError
+            )
     result = jax.vmap(
         lambda ok: diffrax.RESULTS.where(
             ok, diffrax.RESULTS.successful, diffrax.RESULTS.max_steps_reached

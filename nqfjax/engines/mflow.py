@@ -7,7 +7,6 @@ import warnings
 from collections.abc import Callable
 
 import diffrax
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +14,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import (
     check_shape,
+    error_if,
     is_concrete,
     nonnegative,
     renamed_keywords,
@@ -61,7 +61,7 @@ def _initial_factor(M0):
     norm0 = jnp.sqrt(jnp.sum(W0**2))
     if is_concrete(norm0) and not float(norm0) > 0:
         raise ValueError("`M0` must be nonzero (M = 0 is a fixed point of the flow).")
-    norm0 = eqx.error_if(norm0, ~(norm0 > 0), "`M0` must be nonzero.")
+    norm0 = error_if(norm0, ~(norm0 > 0), "`M0` must be nonzero.")
     return jnp.log(norm0), W0 / norm0
 
 

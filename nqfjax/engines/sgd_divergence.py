@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_shape, positive, static_int
+from .._checks import check_shape, error_if, positive, static_int
 from ..tasks.gaussian import GaussianQuadraticTask
 from .sgd_moments import (
     _check_batch_sizes,
@@ -219,7 +219,7 @@ def _bisect(mom, c, m0, noise, bounds, iterations, factor):
     state = (jnp.log(bounds[0]), jnp.log(bounds[1]), jnp.asarray(True))
     lo, hi, ok = jax.lax.fori_loop(0, iterations + 2, body, state)
     eta = jnp.exp((lo + hi) / 2)
-    return eqx.error_if(
+    return error_if(
         eta,
         ~ok,
         "`learning_rate_bounds` must bracket the boundary: fewer than half of the "

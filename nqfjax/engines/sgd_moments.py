@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
-from .._checks import check_shape, finite, is_concrete, positive
+from .._checks import check_shape, error_if, finite, is_concrete, positive
 from ..tasks.gaussian import GaussianQuadraticTask
 
 
@@ -355,7 +355,7 @@ def _check_batch_sizes(bs, n):
         if not np.all((b >= 1) & (b <= high)):
             raise ValueError(msg + f" Got min {b.min()}, max {b.max()}.")
         return bs
-    return eqx.error_if(bs, ~jnp.all((bs >= 1) & (bs <= high)), msg)
+    return error_if(bs, ~jnp.all((bs >= 1) & (bs <= high)), msg)
 
 
 def _check_nonnegative(name, x):
@@ -364,7 +364,7 @@ def _check_nonnegative(name, x):
         if not (np.isfinite(float(x)) and float(x) >= 0):
             raise ValueError(msg + f" Got {float(x)}.")
         return x
-    return eqx.error_if(x, ~(jnp.isfinite(x) & (x >= 0)), msg)
+    return error_if(x, ~(jnp.isfinite(x) & (x >= 0)), msg)
 
 
 @eqx.filter_jit

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import is_concrete
+from .._checks import error_if, is_concrete
 
 
 class AutodiffStructureMatrix(eqx.Module):
@@ -87,7 +87,7 @@ class AutodiffStructureMatrix(eqx.Module):
             if float(gmax) > float(tol):
                 raise ValueError(f"{msg}; max |grad| = {float(gmax):.3g}.")
             return A
-        return eqx.error_if(A, ~(gmax <= tol), msg + ".")
+        return error_if(A, ~(gmax <= tol), msg + ".")
 
 
 @eqx.filter_jit

@@ -19,6 +19,7 @@ from jaxtyping import Array, Float
 
 from .._checks import (
     check_shape,
+    error_if,
     finite,
     is_concrete,
 )
@@ -37,7 +38,7 @@ def _check_symmetric(name: str, X, *, rtol: float = 1e-6):
         if float(err) > float(tol):
             raise ValueError(f"`{name}` must be symmetric; max |X - X^T| = {err:.3g}.")
         return X
-    return eqx.error_if(X, err > tol, f"`{name}` must be symmetric.")
+    return error_if(X, err > tol, f"`{name}` must be symmetric.")
 
 
 class Task(eqx.Module):

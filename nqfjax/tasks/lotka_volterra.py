@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._checks import check_ndim, check_shape, is_concrete, symmetric_psd
+from .._checks import check_ndim, check_shape, error_if, is_concrete, symmetric_psd
 
 
 class LotkaVolterra(eqx.Module):
@@ -194,7 +194,7 @@ def _finite(name, x):
         if not np.all(np.isfinite(np.asarray(x))):
             raise ValueError(msg)
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), msg)
+    return error_if(x, ~jnp.all(jnp.isfinite(x)), msg)
 
 
 def _nonnegative(name, x, what):
@@ -206,4 +206,4 @@ def _nonnegative(name, x, what):
         if np.any(bad):
             raise ValueError(f"{msg}; got {xn[bad].ravel()[0]:.3g}.")
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg + ".")
+    return error_if(x, ~jnp.all(jnp.isfinite(x) & (x >= 0)), msg + ".")

@@ -1,12 +1,12 @@
 r"""Independent modes with power-law spectra (`power_law_task`): the task whose
 Lotka-Volterra reduction gives a power law in time."""
 
-import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._checks import (
     check_shape,
+    error_if,
     finite,
     is_concrete,
     positive,
@@ -149,6 +149,6 @@ def _check_exponents(alpha, beta):
         if not a + 2 * b > 1:
             raise ValueError(f"{_SUM_MSG}; got alpha + 2 beta = {a + 2 * b}.")
         return alpha, beta
-    alpha = eqx.error_if(alpha, ~(alpha > 0), _ALPHA_MSG + ".")
-    beta = eqx.error_if(beta, ~(alpha + 2 * beta > 1), _SUM_MSG + ".")
+    alpha = error_if(alpha, ~(alpha > 0), _ALPHA_MSG + ".")
+    beta = error_if(beta, ~(alpha + 2 * beta > 1), _SUM_MSG + ".")
     return alpha, beta

@@ -33,7 +33,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_shape, is_concrete, nonnegative, static_int
+from .._checks import check_shape, error_if, is_concrete, nonnegative, static_int
 from .._linalg import _sym
 from ..tasks.base import Task
 from ._psd_solvers import (
@@ -289,7 +289,7 @@ def converged_solution(
             if not bool(sol.converged):
                 raise RuntimeError(msg)
         else:
-            sol = eqx.error_if(sol, ~sol.converged, msg)
+            sol = error_if(sol, ~sol.converged, msg, RuntimeError)
     return sol
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_ndim, check_shape, is_concrete, positive
+from .._checks import check_ndim, check_shape, error_if, is_concrete, positive
 from ..tasks.lotka_volterra import LotkaVolterra
 from .staircase import _is_diagonal
 
@@ -154,4 +154,4 @@ def _independent_modes(lv: LotkaVolterra) -> Float[Array, " p"]:
         return jnp.diag(B)
     off = jnp.max(jnp.abs(B - jnp.diag(jnp.diag(B))))
     tol = 100 * jnp.finfo(B.dtype).eps * jnp.max(jnp.abs(B))
-    return jnp.diag(eqx.error_if(B, off > tol, msg))
+    return jnp.diag(error_if(B, off > tol, msg))
