@@ -3,8 +3,9 @@
 `nqfjax demo` calls `nqfjax.run_demo`; `nqfjax sweep` calls `nqfjax.load_sweep_config`
 and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Every
 command checks its output folder before any work. Bad input (a malformed config
-or CSV, an output folder that cannot be written, a checkpoint from another
-configuration or one that cannot be read) ends with a one-line
+or CSV, a truncated, damaged or mis-encoded input file, an output folder that
+cannot be written, a checkpoint from another configuration or one that cannot
+be read) ends with a one-line
 `nqfjax: error: ...` on stderr and exit status 2; an interrupt (SIGINT, Ctrl-C)
 with exit status 130, a sweep's checkpoint whole.
 """

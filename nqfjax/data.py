@@ -14,8 +14,14 @@ predictions here must cope with. `whiten=True` whitens them (then the tasks of
 a perceptron reduce exactly to a Lotka-Volterra system).
 """
 
+import lzma
+import math
 import os
 import random
+import tokenize
+import warnings
+import zipfile
+import zlib
 from typing import Literal
 
 import numpy as np
@@ -208,39 +214,119 @@ def _is_target_column(name: str) -> bool:
     )
 
 
+# How reading a damaged or hostile zip archive fails: `zipfile` raises
+# `BadZipFile` for a truncated or corrupt archive or a bad CRC, `EOFError` when
+# a member's data end early, `NotImplementedError` for an unknown compression
+# method and `RuntimeError` for an encrypted member; the decompressors raise
+# their own errors; `ValueError` for a bad member name or .npy header.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+)
+
+
+class _BadArray(ValueError):
+    """An archive that is read but holds an array nqfjax refuses."""
+
+
+def _read_npy(archive: zipfile.ZipFile, key: str) -> np.ndarray:
+    """The array `key` of an open .npz archive, its .npy header checked before
+    any data are read: real numbers only (an object array is refused: its
+    pickle is never loaded), and as many bytes as the header's shape needs (a
+    header that claims a huge shape allocates nothing)."""
+    info = archive.getinfo(f"{key}.npy")
+    with archive.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
+        if read_header is None:  # 3.0 is for unicode field names: not numbers
+            raise _BadArray(f"`{key}`: unsupported .npy format version {version}.")
+        try:
+            # the header (at most 10000 characters) is a Python literal, read
+            # with `ast.literal_eval` and, failing that, `tokenize` (a header
+            # written by Python 2: read with a UserWarning, silenced); a
+            # hostile one makes them raise these
+            with warnings.catch_warnings(action="ignore", category=UserWarning):
+                shape, fortran_order, dtype = read_header(f)
+        except (TypeError, RecursionError, MemoryError, tokenize.TokenError) as e:
+            raise _BadArray(
+                f"`{key}`: unreadable .npy header ({type(e).__name__})."
+            ) from None
+        if dtype.hasobject:
+            raise _BadArray(
+                f"`{key}` holds Python objects (pickled data, which nqfjax never "
+                "loads); save arrays of numbers."
+            )
+        if dtype.kind not in "biuf":
+            raise _BadArray(f"`{key}` must hold real numbers, got dtype {dtype}.")
+        if any(size < 0 for size in shape):
+            raise _BadArray(f"`{key}`: its header gives a negative size {shape}.")
+        nbytes = math.prod(shape) * dtype.itemsize
+        stored = info.file_size - f.tell()
+        if nbytes != stored:
+            raise _BadArray(
+                f"`{key}`: its header gives shape {shape} of {dtype} ({nbytes} "
+                f"bytes) but the archive holds {stored} bytes of data."
+            )
+        data = f.read(nbytes)
+        if len(data) != nbytes:  # the archive ended early (also a bad CRC)
+            raise EOFError(f"`{key}` ends after {len(data)} of its {nbytes} bytes")
+    order = "F" if fortran_order else "C"
+    return np.frombuffer(data, dtype).reshape(shape, order=order)
+
+
 def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
+    # read with `zipfile` and numpy's .npy header parser rather than `np.load`:
+    # every failure of a damaged, truncated or hostile file is caught here, and
+    # nothing is allocated or unpickled before the header is checked
     try:
-        with np.load(path, allow_pickle=False) as data:
-            found = sorted(data.files)
+        with zipfile.ZipFile(path) as archive:
+            found = sorted(
+                name.removesuffix(".npy")
+                for name in archive.namelist()
+                if name.endswith(".npy")
+            )
             missing = [key for key in ("xs", "ys") if key not in found]
             if missing:
-                raise ValueError(
-                    f"{path}: missing array {missing[0]!r} (found "
+                raise _BadArray(
+                    f"missing array {missing[0]!r} (found "
                     f"{', '.join(map(repr, found)) or 'none'}); save the data "
                     "with numpy.savez(path, xs=inputs, ys=targets)."
                 )
-            arrays = {key: data[key] for key in ("xs", "ys")}
-    except ValueError as e:
-        if str(e).startswith(f"{path}:"):
-            raise
-        raise ValueError(f"{path}: not a readable .npz file ({e}).") from e
-    except (OSError, EOFError) as e:  # a zip that is not one
-        raise ValueError(f"{path}: not a readable .npz file ({e}).") from e
-    for key, array in arrays.items():
-        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-            raise ValueError(
-                f"{path}: `{key}` must hold numbers, got dtype {array.dtype}."
-            )
-    return arrays["xs"], arrays["ys"]
+            xs, ys = (_read_npy(archive, key) for key in ("xs", "ys"))
+    except _BadArray as e:
+        raise ValueError(f"{path}: {e}") from None
+    except _ZIP_ERRORS as e:
+        message = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(
+            f"{path}: not a readable .npz file (numpy.savez's zip of arrays): "
+            f"{message}."
+        ) from None
+    return xs, ys
 
 
 def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, newline="") as f:
-        lines = [
-            (i + 1, line)
-            for i, line in enumerate(f.read().splitlines())
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not a UTF-8 text (CSV) file (byte {e.start}: "
+            f"{e.object[e.start : e.start + 1]!r})."
+        ) from None
+    lines = [
+        (i + 1, line)
+        for i, line in enumerate(text.splitlines())
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         raise ValueError(f"{path}: empty file (a header line, then one row each).")
     header = [name.strip() for name in lines[0][1].split(",")]
@@ -258,10 +344,16 @@ def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
                 f"{path}: line {lineno} has {len(cells)} columns, the header "
                 f"{len(header)}."
             )
-        try:
-            rows.append([float(cell) for cell in cells])
-        except ValueError as e:
-            raise ValueError(f"{path}: line {lineno}: not a number ({e}).") from e
+        row = []
+        for cell in cells:
+            try:
+                row.append(float(cell))
+            except ValueError:
+                shown = repr(cell) if len(cell) <= 40 else f"{cell[:40]!r}..."
+                raise ValueError(
+                    f"{path}: line {lineno}: not a number ({shown})."
+                ) from None
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no data rows after the header.")
     table = np.asarray(rows, np.float64)
@@ -288,20 +380,28 @@ def load_data_file(path, *, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     **Returns:** `(xs, ys)` with `ys` of shape `(n, k)`.
 
     **Raises:** `ValueError`, one line starting with the path, for a missing
-    file, an unknown suffix, a missing array, NaN or inf (naming the array and
-    the first row), `xs` and `ys` with different numbers of rows, fewer than two
-    samples, or a malformed CSV line.
+    or unreadable file, an unknown suffix, a damaged or truncated `.npz`, a
+    missing array, an array of anything but real numbers (an object array's
+    pickle is never loaded), an empty array, NaN or inf or a number too large
+    for `dtype` (naming the array and the first row), `xs` and `ys` with
+    different numbers of rows, fewer than two samples, a CSV file that is not
+    UTF-8, or a malformed CSV line.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: a folder, not a data file.")
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such file.")
     suffix = os.path.splitext(path)[1].lower()
-    if suffix == ".npz":
-        xs, ys = _read_npz(path)
-    elif suffix == ".csv":
-        xs, ys = _read_csv(path)
-    else:
-        raise ValueError(f"{path}: the data file must end in .npz or .csv.")
+    try:
+        if suffix == ".npz":
+            xs, ys = _read_npz(path)
+        elif suffix == ".csv":
+            xs, ys = _read_csv(path)
+        else:
+            raise ValueError(f"{path}: the data file must end in .npz or .csv.")
+    except OSError as e:  # not readable (permissions, a device, ...)
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e}).") from None
     if xs.ndim < 2:
         raise ValueError(
             f"{path}: `xs` must have shape (n, features...), got {xs.shape}."
@@ -319,11 +419,21 @@ def load_data_file(path, *, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
         )
     if xs.shape[0] < 2:
         raise ValueError(f"{path}: at least 2 samples are needed, got {xs.shape[0]}.")
+    dtype = np.dtype(dtype)
+    out = []
     for key, array in (("xs", xs), ("ys", ys)):
-        bad = ~np.isfinite(array.astype(np.float64).reshape(len(array), -1))
-        if bad.any():
-            row = int(np.flatnonzero(bad.any(axis=1))[0])
-            raise ValueError(
-                f"{path}: `{key}` contains NaN or inf (first at row {row})."
-            )
-    return xs.astype(dtype), ys.astype(dtype)
+        if 0 in array.shape:
+            raise ValueError(f"{path}: `{key}` is empty, shape {array.shape}.")
+        rows = array.reshape(len(array), -1)
+        with np.errstate(over="ignore"):
+            cast = rows.astype(dtype)
+        # NaN or inf in the file, or a finite number beyond `dtype`'s range
+        for bad, what in (
+            (~np.isfinite(rows), "contains NaN or inf"),
+            (~np.isfinite(cast), f"holds a number too large for {dtype}"),
+        ):
+            if bad.any():
+                row = int(np.flatnonzero(bad.any(axis=1))[0])
+                raise ValueError(f"{path}: `{key}` {what} (first at row {row}).")
+        out.append(cast.reshape(array.shape))
+    return out[0], out[1]

@@ -43,6 +43,18 @@ TIME_COLUMNS = ("t", "time", "step")
 MIN_POINTS = 10
 
 
+#: At most this many header names, and characters of a value, are quoted in
+#: an error message.
+_MAX_SHOWN = 40
+
+
+def _excerpt(text: str) -> str:
+    """`repr(text)`, cut to its first `_MAX_SHOWN` characters."""
+    if len(text) <= _MAX_SHOWN:
+        return repr(text)
+    return f"{text[:_MAX_SHOWN]!r}... ({len(text)} characters)"
+
+
 def read_curve_csv(
     path: str | os.PathLike,
     *,
@@ -92,14 +104,19 @@ def read_curve_csv(
     ]
     if not lines:
         raise ValueError(f"{path}: no header line (the file is empty).")
-    rows = csv.reader(io.StringIO("\n".join(line for _, line in lines)))
-    header = [h.strip().lower() for h in next(rows)]
+    try:
+        rows = list(csv.reader(io.StringIO("\n".join(line for _, line in lines))))
+    except csv.Error as e:  # e.g. a field longer than csv.field_size_limit()
+        raise ValueError(f"{path}: not a readable CSV file ({e}).") from None
+    header = [h.strip().lower() for h in rows[0]]
+    shown = ", ".join(map(_excerpt, header[:_MAX_SHOWN]))
+    shown += ", ..." if len(header) > _MAX_SHOWN else ""
 
     def find(name: str, what: str, hint: str) -> int:
         if name.strip().lower() not in header:
             raise ValueError(
                 f"{path}: missing {what} column {name!r} in the header (line "
-                f"{lines[0][0]}: {', '.join(map(repr, header))}){hint}."
+                f"{lines[0][0]}: {shown}){hint}."
             )
         return header.index(name.strip().lower())
 
@@ -109,7 +126,7 @@ def read_curve_csv(
             raise ValueError(
                 f"{path}: missing time column: none of "
                 f"{', '.join(map(repr, TIME_COLUMNS))} in the header (line "
-                f"{lines[0][0]}: {', '.join(map(repr, header))}); name it with "
+                f"{lines[0][0]}: {shown}); name it with "
                 "--time-column."
             )
         time_column = present[0]
@@ -117,7 +134,7 @@ def read_curve_csv(
     i_l = find(loss_column, "loss", "; name it with --loss-column")
 
     ts, loss = [], []
-    for (n, _), row in zip(lines[1:], rows):
+    for (n, _), row in zip(lines[1:], rows[1:]):
         values = []
         for col, i in ((time_column, i_t), (loss_column, i_l)):
             if i >= len(row):
@@ -130,16 +147,17 @@ def read_curve_csv(
                 value = float(cell)
             except ValueError:
                 raise ValueError(
-                    f"{path}, line {n}, column {col!r}: {cell!r} is not a number."
+                    f"{path}, line {n}, column {col!r}: {_excerpt(cell)} is not a "
+                    "number."
                 ) from None
             if not math.isfinite(value):
                 raise ValueError(
-                    f"{path}, line {n}, column {col!r}: {cell!r} is not finite."
+                    f"{path}, line {n}, column {col!r}: {_excerpt(cell)} is not finite."
                 )
             if value < 0:
                 what = "time (steps)" if col == time_column else "loss"
                 raise ValueError(
-                    f"{path}, line {n}, column {col!r}: negative {what} {cell}."
+                    f"{path}, line {n}, column {col!r}: negative {what} {value:g}."
                 )
             values.append(value)
         if ts and values[0] <= ts[-1]:

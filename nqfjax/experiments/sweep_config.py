@@ -145,56 +145,80 @@ def _unknown(where: str, key: str, allowed) -> ValueError:
     )
 
 
+#: Integers of a configuration (steps, sizes, seeds) must be below this in
+#: magnitude: JAX's default integers are 32-bit.
+INT_LIMIT = 2**31
+
+
+def _show(value) -> str:
+    """`repr(value)` for an error message, cut short: an integer of many digits
+    by its number of digits, any other long value by its first characters."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int):
+        return f"an integer of {len(text.lstrip('-'))} digits"
+    return f"{text[:40]}... ({len(text)} characters)"
+
+
 def _check_value(name: str, kind, value):
     """Check one value against a schema kind; return it (ints as float where a
     float is expected)."""
     if isinstance(kind, tuple):  # a choice of strings
         if not isinstance(value, str) or value not in kind:
             raise ValueError(
-                f"{name} must be one of {', '.join(map(repr, kind))}, got {value!r}."
+                f"{name} must be one of {', '.join(map(repr, kind))}, got "
+                f"{_show(value)}."
             )
         return value
     if kind.startswith("list["):
         inner = kind[5:-1]
         if not isinstance(value, list) or len(value) == 0:
-            raise ValueError(f"{name} must be a non-empty list, got {value!r}.")
+            raise ValueError(f"{name} must be a non-empty list, got {_show(value)}.")
         out = [_check_value(f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
         if len(set(out)) != len(out):
-            raise ValueError(f"{name} has repeated values: {value!r}.")
+            raise ValueError(f"{name} has repeated values: {_show(value)}.")
         return out
     if kind in ("optimizer", "architecture"):
         names = OPTIMIZERS if kind == "optimizer" else structure_names()
         if not isinstance(value, str) or value not in names:
             raise ValueError(
-                f"{name}: unknown {kind} {value!r}; choose from {', '.join(names)}."
+                f"{name}: unknown {kind} {_show(value)}; choose from "
+                f"{', '.join(names)}."
             )
         return value
     base, _, bound = kind.partition(">")
-    if base == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
-    else:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, got {value!r}.")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value!r}.")
+    value = _check_type(name, int if base == "int" else float, value)
     if bound == "0" and not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}.")
+        raise ValueError(f"{name} must be > 0, got {_show(value)}.")
     if bound.startswith("=") and not value >= int(bound[1:]):
-        raise ValueError(f"{name} must be >= {bound[1:]}, got {value!r}.")
+        raise ValueError(f"{name} must be >= {bound[1:]}, got {_show(value)}.")
     return value
 
 
 def _check_type(name: str, kind: type, value):
+    """Check a value's type: numbers are finite (returned as `float`), integers
+    of magnitude below `INT_LIMIT`."""
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, got {value!r}.")
-        return float(value)
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
+            raise ValueError(f"{name} must be a number, got {_show(value)}.")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            number = math.inf
+        if not math.isfinite(number):
+            raise ValueError(f"{name} must be finite, got {_show(value)}.")
+        return number
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {_show(value)}.")
+        if abs(value) >= INT_LIMIT:
+            raise ValueError(
+                f"{name} must be an integer below 2**31, got {_show(value)}."
+            )
+        return value
     if not isinstance(value, kind):
-        raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}.")
+        raise ValueError(f"{name} must be a {kind.__name__}, got {_show(value)}.")
     return value
 
 
@@ -203,10 +227,11 @@ def parse_sweep_config(
 ) -> SweepConfig:
     """Validate a sweep configuration given as a dict (the parsed TOML).
 
-    Checks every key and value (unknown keys, types, signs, choices), builds
-    every architecture of the grid once (so a bad constructor argument is caught
-    here), and checks the sizes against each other (`batch_size <= n_samples`,
-    `width` and `teacher_units` within a mixture of experts' `experts`).
+    Checks every key and value (unknown keys, types, signs, choices; numbers
+    finite, integers below 2**31 in magnitude), builds every architecture of
+    the grid once (so a bad constructor argument is caught here), and checks
+    the sizes against each other (`batch_size <= n_samples`, `width` and
+    `teacher_units` within a mixture of experts' `experts`).
 
     **Arguments:**
 
@@ -271,8 +296,6 @@ def parse_sweep_config(
         source=str(source),
     )
     train_, data = config.train, config.data
-    if max(config.grid["seed"]) >= 2**31:
-        raise ValueError(f"grid.seed must be < 2**31, got {max(config.grid['seed'])}.")
     if train_["batch_size"] is not None and train_["batch_size"] > data["n_samples"]:
         raise ValueError(
             f"train.batch_size ({train_['batch_size']}) exceeds data.n_samples "
@@ -307,8 +330,10 @@ def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
 
     **Returns:** a `SweepConfig`.
 
-    **Raises:** `ValueError` for a missing or unreadable file, invalid TOML, or
-    any problem `parse_sweep_config` finds, the message starting with the path.
+    **Raises:** `ValueError` for a missing or unreadable file, a file that is
+    not UTF-8 or not TOML (also nested too deeply, or an integer of more than
+    4300 digits), or any problem `parse_sweep_config` finds, the message
+    naming the path.
     """
     path = Path(path)
     try:
@@ -318,6 +343,16 @@ def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
         raise ValueError(f"cannot read {path}: {e.strerror or e}.") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}.") from None
+    except UnicodeDecodeError as e:  # TOML is UTF-8
+        raise ValueError(
+            f"{path}: invalid TOML: not UTF-8 text (byte {e.start}: "
+            f"{e.object[e.start : e.start + 1]!r})."
+        ) from None
+    except ValueError as e:  # int(): "Exceeds the limit (4300 digits) ..."
+        reason = str(e).partition(":")[0]
+        raise ValueError(f"{path}: invalid TOML: {reason}.") from None
+    except RecursionError:  # tomllib reads nested arrays and tables recursively
+        raise ValueError(f"{path}: invalid TOML: nested too deeply.") from None
     try:
         return parse_sweep_config(mapping, source=str(path))
     except ValueError as e:
