@@ -363,7 +363,7 @@ class SweepPointError(ValueError):
 def _point_error(failed, i, rows, chunk, grid, ckpt) -> SweepPointError:
     points = range(i * chunk, i * chunk + rows)
     values = ", ".join(
-        f"{name} in [{a[points.start].item()!r}, {a[points.stop - 1].item()!r}]"
+        f"{name} in [{a[points.start].item():.6g}, {a[points.stop - 1].item():.6g}]"
         for name, a in grid.items()
         if a.ndim == 1
     )
