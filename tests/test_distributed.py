@@ -186,11 +186,13 @@ def test_two_processes_killed_and_resumed_equal_one_process(tmp_path, engine):
 
     # the optimized chunk program: no collective inside its while loops (nor
     # anywhere: the gather runs after it), where a plain sharded jit of the same
-    # function all-reduces the loop condition at every step
+    # function all-reduces an adaptive loop's condition at every step (train's
+    # loop has a fixed length, which needs no collective either way)
     sweep_hlo, jit_hlo = (hlo / "sweep.hlo").read_text(), (hlo / "jit.hlo").read_text()
     assert _loop_collectives(sweep_hlo) == set() and _collectives(sweep_hlo) == set()
     assert "while" in sweep_hlo
-    assert "all-reduce" in _loop_collectives(jit_hlo)
+    if engine == "solve_lv":  # a loop whose trip count depends on the point
+        assert "all-reduce" in _loop_collectives(jit_hlo)
 
 
 def test_processes_with_different_checkpoint_folders(tmp_path):
