@@ -103,6 +103,11 @@ from .experiments.sweep_config import (
     parse_sweep_config as parse_sweep_config,
 )
 from .experiments.sweep_run import run_sweep_config as run_sweep_config
+from .progress import (
+    AbstractProgressMeter as AbstractProgressMeter,
+    NoProgressMeter as NoProgressMeter,
+    TqdmProgressMeter as TqdmProgressMeter,
+)
 from .structures import (
     AbstractStructure as AbstractStructure,
     Conv1D as Conv1D,

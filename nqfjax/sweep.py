@@ -28,7 +28,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
-from tqdm import tqdm
 
 from ._checkpoint import (
     Checkpoint,
@@ -39,6 +38,7 @@ from ._checkpoint import (
     sync_chunks,
 )
 from ._checks import deferred_errors
+from .progress import AbstractProgressMeter, NoProgressMeter, as_progress_meter
 
 
 _FORMAT = 2  # of the checkpoint: 2 adds each chunk's size and SHA-256
@@ -421,7 +421,7 @@ def sweep(
     chunk: int | None = None,
     *,
     axis_name: str = "sweep",
-    progress: bool | str = True,
+    progress: bool | str | AbstractProgressMeter = True,
     tag: str | None = None,
 ) -> SweepResult:
     r"""Run `fn` at every point of a hyperparameter grid: jit-compiled, vmapped, in
@@ -509,9 +509,10 @@ def sweep(
     - `checkpoint`: optional folder for resumable sweeps.
     - `chunk`: points per chunk (default: all `N` in one chunk).
     - `axis_name`: the mesh axis to shard the sweep over (default `"sweep"`).
-    - `progress`: show a `tqdm` bar over chunks, which also says when it is
-      tracing, reading the checkpoint or compiling (default `True`; a string
-      shows it with that label). Only process 0 shows it.
+    - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`) over the
+      chunks, whose status also says when it is tracing, reading the checkpoint
+      or compiling; `True` (default) for a `tqdm` bar, `False` for none, a string
+      for a `tqdm` bar with that label. Only process 0 shows it.
     - `tag`: optional string mixed into the checkpoint fingerprint.
 
     **Returns:** a `SweepResult` with `.grid` and `.outputs` (leading axis `N`).
@@ -548,11 +549,16 @@ def sweep(
             for name, a in host.items()
         }
 
-    label = progress if isinstance(progress, str) else "sweep"
-    show = bool(progress) and jax.process_index() == 0
-    bar = tqdm(total=n_chunks, desc=label, unit="chunk", disable=not show)
+    if isinstance(progress, str):  # a label for the default meter
+        meter = as_progress_meter(bool(progress))
+        label = progress
+    else:
+        meter, label = as_progress_meter(progress), "sweep"
+    if jax.process_index() != 0:
+        meter = NoProgressMeter()
+    bar = meter.bar(n_chunks, label, unit="chunk")
     with defer_interrupts() as interrupted, bar:
-        bar.set_postfix_str("tracing")
+        bar.status("tracing")
         program = _chunk_program(fn, chunk_inputs(0), mesh, axis_name)
         leaf_info = jax.tree.leaves(program.out_info)
 
@@ -576,7 +582,7 @@ def sweep(
             writer = not multi or jax.process_index() == 0
             ckpt = Checkpoint(checkpoint, fingerprint, meta, writer=writer)
         if multi or ckpt is not None:
-            bar.set_postfix_str("reading the checkpoint")
+            bar.status("reading the checkpoint")
         if multi:
             results, damaged = sync_chunks(ckpt, n_chunks, expected)
         elif ckpt is not None:
@@ -589,9 +595,9 @@ def sweep(
         todo = [i for i in range(n_chunks) if i not in results]
         out_leaves = []
         if todo:
-            bar.set_postfix_str("compiling")
+            bar.status("compiling")
             compiled = program.compiled()
-        bar.set_postfix_str("")
+        bar.status("")
         for i in todo:
             if any_process(interrupted(), multi):
                 raise KeyboardInterrupt

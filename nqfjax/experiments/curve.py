@@ -19,6 +19,7 @@ from ..analysis.power_law import fit_power_law
 from ..analysis.selection import select_model
 from ..analysis.spectrum import fit_spectrum
 from ..io import jsonable, versions, write_figure, write_json
+from ..progress import AbstractProgressMeter, as_progress_meter
 from ..theory.power_law import power_law_exponent
 
 
@@ -329,7 +330,7 @@ def analyse_curve(
     total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
     forecast_to: float | None = None,
-    progress: bool = False,
+    progress: bool | AbstractProgressMeter = False,
 ):
     r"""Plateaus, power law, spectrum and forecast of one loss curve.
 
@@ -366,7 +367,8 @@ def analyse_curve(
     - `spectrum_method`: `"logistic"` (closed form, fast) or `"solve_lv"`
       (through the ODE solver, slow).
     - `forecast_to`: forecast the curve to this time (after its last one).
-    - `progress`: show a progress bar over the analyses.
+    - `progress`: a progress meter over the analyses
+      (`nqfjax.AbstractProgressMeter`; `True` for a `tqdm` bar, `False` for none).
 
     **Returns:** `(summary, figure)`: a JSON-able dict and a
     `matplotlib.figure.Figure` (the curve on log-log axes with the plateaus, the
@@ -375,8 +377,6 @@ def analyse_curve(
 
     **Raises:** `ValueError` for a bad option (before any work).
     """
-    from tqdm import tqdm
-
     total_modes = _check_options(modes, total_modes, spectrum_method)
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)
@@ -396,17 +396,17 @@ def analyse_curve(
         forecast_to=forecast_to,
     )
     curves: dict[str, Any] = {}
-    bar = tqdm(names, desc="fit", unit="step", disable=not progress)
-    with jax.enable_x64(True):
-        for name in bar:
-            bar.set_postfix_str(name)
+    bar = as_progress_meter(progress).bar(len(names), "fit")
+    with jax.enable_x64(True), bar:
+        for name in names:
+            bar.status(name)
             try:
                 summary[name], drawn = _STEPS[name](ts, loss, **options)
             except (ValueError, RuntimeError) as e:  # a failed fit, reported
                 summary[name], drawn = {"error": " ".join(str(e).split())}, None
             if drawn is not None:
                 curves[name] = drawn
-    bar.close()
+            bar.update()
     # the figure's names for the fitted curves
     for name in ("power_law", "spectrum"):
         if name in curves:
@@ -442,7 +442,7 @@ def fit_curve_file(
     total_modes: float = float("inf"),
     spectrum_method: str = "logistic",
     forecast_to: float | None = None,
-    progress: bool = True,
+    progress: bool | AbstractProgressMeter = True,
 ) -> dict[str, Any]:
     """Read a loss curve from CSV (`read_curve_csv`), analyse it
     (`analyse_curve`) and write `fit.json` and `fit.png` to `out_dir`

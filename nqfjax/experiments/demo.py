@@ -19,7 +19,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
 from .. import plots
 from .._curves import first_crossing
@@ -29,6 +28,7 @@ from ..engines.lv_batch import solve_lv_batch
 from ..engines.mflow import solve_mflow
 from ..engines.train import train
 from ..io import atomic_write_text
+from ..progress import AbstractProgressMeter, as_progress_meter
 from ..structures import (
     Conv1D,
     MixtureOfExperts,
@@ -519,12 +519,12 @@ def _figures(out: Path | None, cfg: DemoConfig, eng, sw, pl, structures) -> dict
 class _Stages:
     """A progress bar over the demo's stages and the time each one took."""
 
-    def __init__(self, total: int, progress: bool):
-        self.bar = tqdm(total=total, desc="nqfjax demo", disable=not progress)
+    def __init__(self, total: int, meter: AbstractProgressMeter):
+        self.bar = meter.bar(total, "nqfjax demo")
         self.timings: dict[str, float] = {}
 
     def run(self, name: str, fn, *args):
-        self.bar.set_postfix_str(name)
+        self.bar.status(name)
         start = time.perf_counter()
         out = fn(*args)
         self.timings[name.replace(" ", "_").replace("-", "_")] = (
@@ -542,7 +542,7 @@ def run_demo(
     *,
     quick: bool = False,
     config: DemoConfig | None = None,
-    progress: bool = True,
+    progress: bool | AbstractProgressMeter = True,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     r"""Run the headline experiment and write its figures and report to `out_dir`.
@@ -568,7 +568,8 @@ def run_demo(
       records, three init scales, 1000 power-law modes in closed form, no
       M-space flow) with the same checks.
     - `config`: override the defaults entirely.
-    - `progress`: show a progress bar over the stages.
+    - `progress`: a progress meter over the stages (`nqfjax.AbstractProgressMeter`;
+      `True` for a `tqdm` bar, `False` for none).
     - `log`: where to send one-line status messages (default: nowhere).
 
     **Returns:** the report (the content of `report.json`), with `passed` true when
@@ -578,7 +579,7 @@ def run_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log = log or (lambda _: None)
-    stages = _Stages(total=6, progress=progress)
+    stages = _Stages(total=6, meter=as_progress_meter(progress))
     with jax.enable_x64(True):
         pb = stages.run("setup", _problem, cfg)
         eng = stages.run("engines", _engines, cfg, pb)

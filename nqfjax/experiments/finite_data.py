@@ -17,6 +17,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from .._checks import positive, static_int
 from ..engines.mflow import solve_mflow
 from ..engines.train import train
+from ..progress import AbstractProgressMeter
 from ..structures.quadratic import QuadraticNet
 from ..sweep import grid_product, sweep
 from ..tasks.gaussian import gaussian_quadratic_task
@@ -172,7 +173,7 @@ def finite_data_map(
     max_steps: int = 100_000,
     chunk: int | None = None,
     mesh=None,
-    progress: bool = False,
+    progress: bool | AbstractProgressMeter = False,
 ) -> FiniteDataMap:
     r"""Test error of the quadratic network $f(x) = \sum_i (u_i\cdot x)^2$ trained on
     `n` samples with width `m` and weight decay $\lambda$, over a grid (see the

@@ -7,13 +7,13 @@ from typing import Any
 
 import jax.random as jr
 import numpy as np
-from tqdm import tqdm
 
 from .. import plots
 from .._checks import static_int
 from ..data import load_data_file, load_dataset
 from ..engines.train import train
 from ..io import jsonable, versions, write_figure, write_json
+from ..progress import AbstractProgressMeter, as_progress_meter
 from ..structures.base import Structure
 from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
@@ -119,7 +119,7 @@ def predict_file(
     engine: str = "auto",
     train_network: bool = False,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | AbstractProgressMeter = True,
 ) -> dict[str, Any]:
     """Predict training on a data file (or a bundled data set) and write
     `prediction.json` and `prediction.png` to `out_dir`; with `train_network`
@@ -139,7 +139,8 @@ def predict_file(
       layer follows its quadratic form better the wider it is).
     - `train_network`: also train and compare.
     - `seed`: the PRNG seed of the initial weights.
-    - `progress`: show a progress bar.
+    - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`; `True` for a
+      `tqdm` bar, `False` for none).
 
     **Returns:** the summary written to `prediction.json`, with `files`.
 
@@ -162,7 +163,7 @@ def predict_file(
     learning_rate = lr0 if learning_rate is None else learning_rate
     num_steps = steps0 if num_steps is None else num_steps
     key = jr.key(seed)
-    bar = tqdm(total=2 + train_network, desc="nqfjax predict", disable=not progress)
+    bar = as_progress_meter(progress).bar(2 + train_network, "nqfjax predict")
     P = predict(
         structure,
         xs,

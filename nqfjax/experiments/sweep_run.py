@@ -20,6 +20,7 @@ from .. import plots
 from .._curves import first_crossing
 from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
+from ..progress import AbstractProgressMeter
 from ..structures.base import Structure
 from ..sweep import defer_interrupts, grid_product, sweep
 from .predict import predict
@@ -154,8 +155,8 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
                     checkpoint=out / "checkpoint" / f"{opt_name}-{arch}",
                     chunk=config.sweep["chunk"],
                     progress=f"{opt_name}-{arch} ({g + 1}/{len(groups)})"
-                    if progress
-                    else False,
+                    if progress is True
+                    else progress,
                     tag=_group_tag(config, opt_name, arch),
                 )
             for w in caught:  # the checkpoint's go to the summary, others on
@@ -203,7 +204,10 @@ def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
 
 
 def run_sweep_config(
-    config: SweepConfig, out_dir: str | os.PathLike, *, progress: bool = True
+    config: SweepConfig,
+    out_dir: str | os.PathLike,
+    *,
+    progress: bool | AbstractProgressMeter = True,
 ) -> dict[str, Any]:
     """Train the real network at every point of a configuration's grid and write
     the results.
@@ -251,7 +255,9 @@ def run_sweep_config(
 
     - `config`: a `SweepConfig`.
     - `out_dir`: the output folder (created if needed; checked before any work).
-    - `progress`: show a progress bar per group (tracing, compiling, chunks).
+    - `progress`: a progress bar per group (tracing, compiling, chunks): `True`
+      for a `tqdm` bar labelled with the group, `False` for none, or a meter
+      (`nqfjax.AbstractProgressMeter`).
 
     **Returns:** the summary (the content of `summary.json`), with `files`
     mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
