@@ -559,9 +559,12 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
 
 
 def _legacy_interactions(B, diag, factor):
-    """The interactions of the deprecated keywords of `LVRosenbrock` (None when
-    none is given)."""
-    if B is None and diag is None and factor is None:
+    """The interactions of the deprecated keywords of `LVRosenbrock`, `B=` or
+    `diag=, factor=` (None when none is given)."""
+    given = {
+        k for k, v in (("B", B), ("diag", diag), ("factor", factor)) if v is not None
+    }
+    if not given:
         return None
     warnings.warn(
         "`LVRosenbrock(B=..., diag=..., factor=...)` is deprecated; pass the "
@@ -569,14 +572,14 @@ def _legacy_interactions(B, diag, factor):
         DeprecationWarning,
         stacklevel=_INIT_STACKLEVEL + 1,
     )
-    if (diag is None) != (factor is None):
-        raise ValueError("`diag` and `factor` must be given together.")
-    if B is not None and diag is not None:
-        raise ValueError("Give either `B` or (`diag`, `factor`), not both.")
-    if B is not None:
+    if given == {"B"}:
         if jnp.ndim(B) != 2 or jnp.shape(B)[0] != jnp.shape(B)[1]:
             raise ValueError(f"`B` must have shape (p, p), got {jnp.shape(B)}.")
         return DenseInteractions(B)
+    if "B" in given:
+        raise ValueError("Give either `B` or (`diag`, `factor`), not both.")
+    if given != {"diag", "factor"}:
+        raise ValueError("`diag` and `factor` must be given together.")
     if jnp.ndim(diag) != 1:
         raise ValueError(f"`diag` must have shape (p,), got {jnp.shape(diag)}.")
     p = jnp.shape(diag)[0]

@@ -198,7 +198,7 @@ class DiagonalInteractions(AbstractInteractions):
         return self.d.shape[-1]
 
     def mv(self, m):
-        return self.d * m
+        return _rows(self.d, m) * m
 
     def diagonal(self):
         return self.d
@@ -276,7 +276,7 @@ class LowRankInteractions(AbstractInteractions):
         return self.U.shape[-1]
 
     def mv(self, m):
-        return self.d * m + (m @ self.U) @ self.U.T
+        return _rows(self.d, m) * m + (m @ self.U) @ self.U.T
 
     def diagonal(self):
         return self.d + jnp.sum(self.U**2, axis=1)
@@ -312,6 +312,12 @@ class LowRankInteractions(AbstractInteractions):
             return z - g * (U @ solve_small(U.T @ (m * z))) / a
 
         return solve
+
+
+def _rows(d, m):
+    """`d` with a leading 1 for each batch dimension of `m` (explicit: the rank
+    promotion of `d * m` may be set to raise)."""
+    return d.reshape((1,) * (jnp.ndim(m) - 1) + d.shape)
 
 
 def _finite(name, x):

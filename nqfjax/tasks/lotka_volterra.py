@@ -102,14 +102,19 @@ class LotkaVolterra(eqx.Module):
         loss_scale=1.0,
         loss_offset=0.0,
     ):
-        if (B is None) == (B_diag is None):
+        arrays = (("B", B), ("B_diag", B_diag), ("B_factor", B_factor))
+        given = {k for k, v in arrays if v is not None}
+        if ("B" in given) == ("B_diag" in given):
             raise ValueError("Give either `B` or `B_diag` (with optional `B_factor`).")
-        if B is not None and B_factor is not None:
+        if given == {"B", "B_factor"}:
             raise ValueError("`B_factor` goes with `B_diag`, not with `B`.")
         if isinstance(B, AbstractInteractions):
             leaves = [jnp.asarray(r), *jax.tree.leaves(B)]
         else:
-            leaves = [jnp.asarray(x) for x in (r, B, B_diag, B_factor) if x is not None]
+            leaves = [
+                jnp.asarray(r),
+                *(jnp.asarray(v) for _, v in arrays if v is not None),
+            ]
         dtype = jnp.result_type(*leaves, float)
         r = jnp.asarray(r, dtype)
         check_ndim("r", r, 1, "a vector of growth rates")
@@ -121,18 +126,18 @@ class LotkaVolterra(eqx.Module):
                     f"The interactions have size {B.size} but `r` has shape {r.shape}."
                 )
             self.interactions = jax.tree.map(lambda x: jnp.asarray(x, dtype), B)
-        elif B is not None:
+        elif "B" in given:
             self.interactions = _from_matrix(jnp.asarray(B, dtype), p)
         else:
             B_diag = jnp.asarray(B_diag, dtype)
             check_shape("B_diag", B_diag, (p,))
-            if B_factor is not None:
+            if "B_factor" in given:
                 B_factor = jnp.asarray(B_factor, dtype)
                 if B_factor.ndim != 2 or B_factor.shape[0] != p:
                     raise ValueError(
                         f"`B_factor` must have shape ({p}, q), got {B_factor.shape}."
                     )
-            if B_factor is None or B_factor.shape[1] == 0:
+            if "B_factor" not in given or B_factor.shape[1] == 0:
                 self.interactions = DiagonalInteractions(B_diag, _name="B_diag")
             else:
                 self.interactions = LowRankInteractions(
