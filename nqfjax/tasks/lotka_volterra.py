@@ -210,10 +210,12 @@ class LotkaVolterra(eqx.Module):
 
 
 def _deprecated(name: str, instead: str):
+    # at the caller: this function, the property, and the `__getattribute__` of
+    # equinox's modules, which reads the property
     warnings.warn(
         f"`LotkaVolterra.{name}` is deprecated; use {instead}.",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
