@@ -35,8 +35,8 @@ at `atol = 1e-12` (cross-checked against finite differences at that tolerance).
 for finite differences, the best step `h` of a few) whose error is <= 1e-5.
 
 `--dense` also times the reverse gradient with `B` given as a dense matrix
-(`LVRosenbrock(B=...)`, an LU solve per stage, differentiated implicitly); see
-benchmarks/README.md.
+(`LVRosenbrock(DenseInteractions(B))`, an LU solve per stage, differentiated
+implicitly); see benchmarks/README.md.
 
     python benchmarks/gradients.py           # full (< 5 min idle)
     python benchmarks/gradients.py --quick   # smoke test (p = 8)

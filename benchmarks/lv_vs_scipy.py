@@ -15,12 +15,12 @@ error of `m`, for tiny and large modes alike):
   in one fused loop over the batch (each system with its own step size);
 - nqfjax: `jax.vmap` of `solve_lv(lv, m0, ts)` on the structured system
   `LotkaVolterra(r, B_diag=d, B_factor=U)` (`B = diag(d) + U U^T`, rank 1), so
-  `solve_lv`'s defaults apply: the vector field in O(p q), `LVRosenbrock(diag=d,
-  factor=U)` (Rodas4 with the analytic Jacobian, Woodbury solves) and a PID
-  controller in the max norm over modes; for reference the same at
-  `solve_lv`'s default `atol = 1e-9` (timed once), and (on a subset: they are
-  slow) `solve_lv` on the dense `LotkaVolterra(r, B)` (dense field, dense LU)
-  and with `diffrax.Kvaerno5`;
+  `solve_lv`'s defaults apply: the vector field in O(p q),
+  `LVRosenbrock(LowRankInteractions(d, U))` (Rodas4 with the analytic
+  Jacobian, Woodbury solves) and a PID controller in the max norm over modes;
+  for reference the same at `solve_lv`'s default `atol = 1e-9` (timed once),
+  and (on a subset: they are slow) `solve_lv` on the dense
+  `LotkaVolterra(r, B)` (dense field, dense LU) and with `diffrax.Kvaerno5`;
 - scipy: `solve_ivp` looped over the systems, LSODA with the analytic Jacobian,
   and the best of RK45 / DOP853 (on a subset: they are very slow here).
 

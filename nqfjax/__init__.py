@@ -142,6 +142,12 @@ from .tasks.gaussian import (
     gaussian_perceptron_task as gaussian_perceptron_task,
     gaussian_quadratic_task as gaussian_quadratic_task,
 )
+from .tasks.interactions import (
+    AbstractInteractions as AbstractInteractions,
+    DenseInteractions as DenseInteractions,
+    DiagonalInteractions as DiagonalInteractions,
+    LowRankInteractions as LowRankInteractions,
+)
 from .tasks.lotka_volterra import (
     LotkaVolterra as LotkaVolterra,
 )

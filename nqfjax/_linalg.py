@@ -1,6 +1,7 @@
 """Small linear-algebra helpers shared across the package (private): the
-symmetric part, the Frobenius inner product, the PSD projection and the PSD
-square root with a derivative that stays finite at degenerate eigenvalues."""
+symmetric part, the Frobenius inner product, the PSD projection, the PSD
+square root with a derivative that stays finite at degenerate eigenvalues, and
+an LU solver differentiated implicitly."""
 
 from __future__ import annotations
 
@@ -49,3 +50,26 @@ def _psd_project(X):
     """The nearest PSD matrix in Frobenius norm: clip the eigenvalues at zero."""
     w, V = jnp.linalg.eigh(_sym(X))
     return (V * jnp.maximum(w, 0.0)[None, :]) @ V.T
+
+
+def _lu_solver(A):
+    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), shared
+    by every stage of a step. `jax.lax.custom_linear_solve` differentiates the
+    solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same factors)
+    instead of differentiating `lu_factor`, whose JVP cost ~35x the solve
+    (benchmarks/README.md, `gradients.py`). Not `lineax.linear_solve`, which does
+    the same but refuses every vector inside `shard_map` (it compares the
+    vector's sharding with the operator's structure, which has none), where a
+    sweep over devices runs this solver. A singular `A` gives NaN, which the
+    step-size controller rejects, as it does any failed step."""
+    factors = jax.scipy.linalg.lu_factor(jax.lax.stop_gradient(A))
+
+    def solve(b):
+        return jax.lax.custom_linear_solve(
+            lambda x: A @ x,
+            b,
+            lambda _, r: jax.scipy.linalg.lu_solve(factors, r),
+            lambda _, r: jax.scipy.linalg.lu_solve(factors, r, trans=1),
+        )
+
+    return solve

@@ -299,14 +299,16 @@ def _power_law_lv():
     test_power_law.py."""
     lv = nqfjax.power_law_task(P, ALPHA, BETA).lotka_volterra(ETA)
     tail = 0.5 * scipy.special.zeta(ALPHA + 2 * BETA, P + 1)
-    return nqfjax.LotkaVolterra(lv.r, lv.B, loss_offset=lv.loss_offset + tail)
+    return nqfjax.LotkaVolterra(
+        lv.r, lv.interactions.as_matrix(), loss_offset=lv.loss_offset + tail
+    )
 
 
 def _logistic_curve(lv, ts):
     """The exact solution of independent modes from `m_k(0) = EPS`: logistic
     curves `m_k(t) = m*_k / (1 + (m*_k / EPS - 1) e^{-r_k t})`."""
     r = np.asarray(lv.r)
-    mstar = r / np.diag(np.asarray(lv.B))
+    mstar = r / np.diag(np.asarray(lv.interactions.as_matrix()))
     decay = np.exp(-np.minimum(np.outer(ts, r), 700.0))
     m = mstar / (1 + (mstar / EPS - 1) * decay)
     return np.asarray(jax.vmap(lv.loss)(m))

@@ -106,7 +106,7 @@ def test_lv_reduce_and_solve_lv(whitened, tasks):
     # space, 1e-10; it agrees with float64 solve_lv to 6e-10 of m)
     lv, basis = nqfjax.lv_reduce(task64, 1.0)
     m0 = np.diag(np.asarray(basis).T @ M0 @ np.asarray(basis))
-    r, B = np.asarray(lv.r), np.asarray(lv.B)
+    r, B = np.asarray(lv.r), np.asarray(lv.interactions.as_matrix())
     sol = scipy.integrate.solve_ivp(
         lambda t, y: r - B @ np.exp(y),
         (0.0, ts[-1]),

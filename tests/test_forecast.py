@@ -34,7 +34,9 @@ def _task_curve(p, alpha, beta, t_end_factor):
     t_on = np.log(k**-beta / EPS) * k ** (alpha + beta)  # sharp switch-on times
     ts = np.geomspace(t_on[0] / 2, t_end_factor * t_on[-1], 300)
     fine = np.geomspace(ts[0], ts[-1], 3000)
-    m = np.asarray(_solve_modes(lv.r, jnp.diag(lv.B), jnp.asarray(fine)))
+    m = np.asarray(
+        _solve_modes(lv.r, jnp.diag(lv.interactions.as_matrix()), jnp.asarray(fine))
+    )
     half = np.array([np.interp(0.5, m[:, j] / k[j] ** -beta, fine) for j in range(p)])
     loss = 0.5 * np.sum(k**-alpha * (k**-beta - m) ** 2, axis=1)
     return ts, np.exp(np.interp(np.log(ts), np.log(fine), np.log(loss))), half

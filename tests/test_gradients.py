@@ -76,7 +76,7 @@ def _lv_curve(log_sigma, eta, weight_decay, alpha, beta, r, B):
     base = nqfjax.power_law_task(3, alpha, beta).lotka_volterra(eta, weight_decay)
     lv = nqfjax.LotkaVolterra(
         base.r + r,
-        base.B + B,
+        base.interactions.as_matrix() + B,
         base.decay,
         loss_scale=base.loss_scale,
         loss_offset=base.loss_offset,
@@ -117,7 +117,9 @@ def _switch_times(lv, m0, t_guess):
     def newton(t):
         m = jax.vmap(solve_at)(t)  # (p modes, p): row k is m(t_k)
         g = jnp.log(m[idx, idx]) - target
-        dgdt = lv.r - jnp.sum(lv.B * m, axis=1) - lv.decay  # d log m_k/dt at t_k
+        dgdt = (
+            lv.r - jnp.sum(lv.interactions.as_matrix() * m, axis=1) - lv.decay
+        )  # d log m_k/dt at t_k
         return t - g / dgdt
 
     t = jax.lax.fori_loop(0, 6, lambda _, t: jax.lax.stop_gradient(newton(t)), t_guess)

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from nqfjax import LotkaVolterra, solve_lv
+from nqfjax import (
+    DenseInteractions,
+    DiagonalInteractions,
+    LotkaVolterra,
+    LowRankInteractions,
+    solve_lv,
+)
 
 
 R = np.array([1.0, 0.6, 0.3])
@@ -112,8 +118,10 @@ def test_vmap_checks():
     # a dense B, batched: the one indefinite member is named
     stack = np.stack([B_GOOD, B_BAD["indefinite"]])
     with pytest.raises(RuntimeError, match="`B` must be positive semi-definite"):
-        jax.vmap(lambda B: LotkaVolterra(R, B).B_dense)(stack)
-    good = jax.vmap(lambda B: LotkaVolterra(R, B).B_dense)(np.stack([B_GOOD] * 2))
+        jax.vmap(lambda B: LotkaVolterra(R, B).interactions.B)(stack)
+    good = jax.vmap(lambda B: LotkaVolterra(R, B).interactions.B)(
+        np.stack([B_GOOD] * 2)
+    )
     np.testing.assert_array_equal(good, np.stack([B_GOOD] * 2))
     # a good batch: independent logistic modes, m(t) = m* / (1 + (m*/m0 - 1)
     # e^{-(r - decay) t}) with m* = (r - decay) / d
@@ -131,21 +139,23 @@ def test_vmap_checks():
 
 def test_structured_system_holds_o_pq_memory():
     """Issue: a diagonal system at p = 10,000 held a 2.6 GB dense `B`. The
-    structured system holds `B_diag` and `B_factor` only; its methods agree with
+    structured system holds `d` and `U` only (`LowRankInteractions`); its methods
+    agree with
     the dense matrix (checked at a small p, where the matrix can be built)."""
     p, q = 10_000, 4
     rng = np.random.default_rng(0)
     d = rng.uniform(0.5, 1.5, p)
     U = rng.standard_normal((p, q)) / np.sqrt(p)
     lv = LotkaVolterra(rng.uniform(size=p), B_diag=d, B_factor=U)
-    assert lv.B_dense is None  # no p x p matrix held; the parts are held as given
-    np.testing.assert_array_equal(lv.B_diag, d)
-    np.testing.assert_array_equal(lv.B_factor, U)
+    # no p x p matrix held; the parts are held as given
+    assert isinstance(lv.interactions, LowRankInteractions)
+    np.testing.assert_array_equal(lv.interactions.d, d)
+    np.testing.assert_array_equal(lv.interactions.U, U)
     assert max(leaf.size for leaf in jax.tree.leaves(lv)) == p * q
-    # a concrete, exactly diagonal dense B is stored in the same structured form
+    # a concrete, exactly diagonal dense B is stored as its diagonal
     small = LotkaVolterra(R, np.diag([1.0, 0.0, 2.0]))
-    assert small.B_dense is None and small.B_factor.shape == (3, 0)
-    np.testing.assert_array_equal(small.B, np.diag([1.0, 0.0, 2.0]))
+    assert isinstance(small.interactions, DiagonalInteractions)
+    np.testing.assert_array_equal(small.interactions.d, [1.0, 0.0, 2.0])
 
     # the O(p q) methods against the dense matrix, p = 50
     p = 50
@@ -155,9 +165,9 @@ def test_structured_system_holds_o_pq_memory():
     B = np.diag(d) + U @ U.T
     dense = LotkaVolterra(r, B, 0.1, loss_scale=2.0)
     # the dense system holds the matrix it was given (symmetric to roundoff)
-    np.testing.assert_allclose(dense.B_dense, B, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(dense.interactions.B, B, rtol=1e-15, atol=0)
     # rounding of sums of q + 1 terms against a p-term product: 1e-13
-    np.testing.assert_allclose(lv.B, B, rtol=1e-14)
+    np.testing.assert_allclose(lv.interactions.as_matrix(), B, rtol=1e-14)
     np.testing.assert_allclose(lv.self_interactions(), np.diag(B), rtol=1e-14)
     np.testing.assert_allclose(dense.self_interactions(), np.diag(B), rtol=1e-14)
     np.testing.assert_allclose(lv.interactions(m), m @ B, rtol=1e-13)
@@ -175,7 +185,7 @@ def test_float32_system():
     same way eagerly and under jit."""
     r32, B32 = R.astype(np.float32), B_GOOD.astype(np.float32)
     lv = LotkaVolterra(r32, B32, np.float32(0.1))
-    assert lv.r.dtype == lv.B.dtype == lv.decay.dtype == np.float32
+    assert lv.r.dtype == lv.interactions.B.dtype == lv.decay.dtype == np.float32
     structured = LotkaVolterra(r32, B_diag=np.ones(3, np.float32))
     assert structured.self_interactions().dtype == np.float32
     with pytest.raises(ValueError, match="`B` must be positive semi-definite"):
@@ -186,4 +196,33 @@ def test_float32_system():
         build(B32, np.float32(-0.5))
     with pytest.raises(RuntimeError, match="`B` must be symmetric"):
         build(B_BAD["non-symmetric"].astype(np.float32), np.float32(0.0))
-    assert build(B32, np.float32(0.1)).B.dtype == np.float32
+    assert build(B32, np.float32(0.1)).interactions.B.dtype == np.float32
+
+
+def test_from_interactions_and_deprecated_aliases():
+    """`LotkaVolterra(r, interactions)` holds the module as given (cast to the
+    common dtype); a wrong size is refused. The fields of earlier releases, `B`,
+    `B_dense`, `B_diag` and `B_factor`, are read with a `DeprecationWarning` at
+    the caller, for every form."""
+    d, U = np.array([1.0, 0.5, 0.25]), np.array([[0.1], [0.2], [0.3]])
+    low_rank = LotkaVolterra(R.astype(np.float32), LowRankInteractions(d, U))
+    assert isinstance(low_rank.interactions, LowRankInteractions)
+    assert low_rank.interactions.U.dtype == np.float64  # the common dtype
+    with pytest.raises(ValueError, match="size 2"):
+        LotkaVolterra(R, DiagonalInteractions(np.ones(2)))
+    B = np.diag(d) + U @ U.T
+    dense = LotkaVolterra(R, DenseInteractions(B))
+    diagonal = LotkaVolterra(R, B_diag=d)
+    with pytest.warns(DeprecationWarning, match="interactions.as_matrix") as record:
+        np.testing.assert_allclose(low_rank.B, B, rtol=1e-15)
+    assert record[0].filename == __file__
+    with pytest.warns(DeprecationWarning):
+        assert low_rank.B_dense is None and diagonal.B_dense is None
+        np.testing.assert_array_equal(dense.B_dense, B)
+        np.testing.assert_array_equal(dense.B, B)
+        assert dense.B_diag is None and dense.B_factor is None
+        np.testing.assert_array_equal(low_rank.B_diag, d)
+        np.testing.assert_array_equal(low_rank.B_factor, U)
+        np.testing.assert_array_equal(diagonal.B_diag, d)
+        assert diagonal.B_factor.shape == (3, 0)
+        np.testing.assert_array_equal(diagonal.B, np.diag(d))

@@ -68,7 +68,7 @@ def test_perceptron_modes_are_logistic():
     T = a @ np.diag(sig) @ b[:k]
     task = nqfjax.gaussian_perceptron_task(jnp.asarray(T), slope=c)
     lv, U = nqfjax.lv_reduce(task, eta)
-    r, B = np.asarray(lv.r), np.asarray(lv.B)
+    r, B = np.asarray(lv.r), np.asarray(lv.interactions.as_matrix())
     # exact arithmetic up to eigh roundoff (~1e-15)
     np.testing.assert_allclose(r[:2], 2 * eta * c * sig, rtol=1e-12)
     np.testing.assert_allclose(np.diag(B)[:2], eta * c**2, rtol=1e-12)
@@ -136,7 +136,9 @@ def test_lv_loss_equals_task_loss():
     lv, U = nqfjax.lv_reduce(quad, eta)
     s = np.einsum("ik,ij,jk->k", np.asarray(U), np.asarray(quad.covariance), U)
     np.testing.assert_allclose(
-        np.asarray(lv.B), 4 * eta * (2 * np.diag(s**2) + np.outer(s, s)), rtol=1e-11
+        np.asarray(lv.interactions.as_matrix()),
+        4 * eta * (2 * np.diag(s**2) + np.outer(s, s)),
+        rtol=1e-11,
     )
 
 
@@ -185,7 +187,7 @@ def test_solve_lv_matches_scipy_lsoda():
     against scipy's LSODA on the plain LV equations at rtol 1e-10."""
     rng = np.random.default_rng(6)
     lv = _interacting(rng)
-    r, B = np.asarray(lv.r), np.asarray(lv.B)
+    r, B = np.asarray(lv.r), np.asarray(lv.interactions.as_matrix())
     m0 = 1e-12 * rng.uniform(0.5, 2.0, P)
     ts = np.linspace(0.0, 400.0, NT)
     ref = scipy.integrate.solve_ivp(
@@ -226,7 +228,9 @@ def test_solve_lv_float32_from_1e30():
     # default float32 tolerances (on log m) measured ~1e-4 relative error in m
     np.testing.assert_allclose(m, exact, rtol=1e-3)
     lv = _interacting(rng)
-    lv32 = nqfjax.LotkaVolterra(lv.r.astype(jnp.float32), lv.B.astype(jnp.float32))
+    lv32 = nqfjax.LotkaVolterra(
+        lv.r.astype(jnp.float32), lv.interactions.as_matrix().astype(jnp.float32)
+    )
     m0 = eps * rng.uniform(0.5, 2.0, P)
     ts = np.linspace(0.0, 1500.0, NT)
     m32 = np.asarray(
@@ -268,7 +272,7 @@ def test_solve_lv_grad_matches_finite_differences():
     i = int(np.argmin(np.abs(L - 0.5 * (L[0] + L[-1]))))  # mid-transition
 
     def loss_at(r):
-        sys = nqfjax.LotkaVolterra(r, lv.B)
+        sys = nqfjax.LotkaVolterra(r, lv.interactions.as_matrix())
         return sys.loss(_solve(sys, m0, ts)[i])
 
     r0 = lv.r
@@ -533,7 +537,7 @@ def test_solve_lv_learning_rate_is_a_clock():
     with heavy-ball momentum to `eta/(1-mu) (N - mu (1 - mu^N) / (1 - mu))`."""
     lv = _interacting(np.random.default_rng(12))
     eta = 0.3
-    lv_eta = nqfjax.LotkaVolterra(eta * lv.r, eta * lv.B)
+    lv_eta = nqfjax.LotkaVolterra(eta * lv.r, eta * lv.interactions.as_matrix())
     m0 = jnp.full(P, 1e-6)
     ts = jnp.linspace(0.0, 400.0, NT)
     on_clock = nqfjax.solve_lv(lv, m0, ts, eta, rtol=TOL, atol=TOL).ys
@@ -575,7 +579,9 @@ def test_renamed_learning_rate_keywords_warn():
     with pytest.warns(DeprecationWarning, match="eta"):
         old, _ = nqfjax.lv_reduce(quad, eta=0.1)
     np.testing.assert_array_equal(old.r, new.r)
-    np.testing.assert_array_equal(old.B, new.B)
+    np.testing.assert_array_equal(
+        old.interactions.as_matrix(), new.interactions.as_matrix()
+    )
     with pytest.warns(DeprecationWarning, match="eta"):
         old = task.lotka_volterra(eta=0.25)
     np.testing.assert_array_equal(old.r, task.lotka_volterra(0.25).r)

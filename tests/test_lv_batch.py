@@ -2,6 +2,7 @@
 against `solve_lv` member by member and against scipy."""
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +10,13 @@ import pytest
 from helpers import lv_interactions
 from scipy.integrate import solve_ivp
 
-from nqfjax import LotkaVolterra, solve_lv, solve_lv_batch
+from nqfjax import (
+    DiagonalInteractions,
+    LotkaVolterra,
+    LowRankInteractions,
+    solve_lv,
+    solve_lv_batch,
+)
 from nqfjax.engines import lv_batch
 
 
@@ -217,19 +224,29 @@ def test_structured_step_is_the_woodbury_rosenbrock_step(q, batched):
     n, p = 6, 7
     lead = (n,) if batched else ()
     ax = 0 if batched else None
+    d = jnp.asarray(rng.uniform(0.1, 1.0, size=(*lead, p)))
+    d_one = d.reshape(-1, p)[0]  # one system's, to build the module
+    if q:
+        interactions = LowRankInteractions(d_one, jnp.zeros((p, q)))
+        interactions = eqx.tree_at(  # the leaves, batched or not
+            lambda i: (i.d, i.U),
+            interactions,
+            (d, jnp.asarray(rng.normal(size=(*lead, p, q)))),
+        )
+    else:
+        interactions = eqx.tree_at(lambda i: i.d, DiagonalInteractions(d_one), d)
     system = (
         jnp.asarray(rng.normal(size=(*lead, p))),
-        None,
-        jnp.asarray(rng.uniform(0.1, 1.0, size=(*lead, p))),
-        jnp.asarray(rng.normal(size=(*lead, p, q))),
+        interactions,
         jnp.asarray(rng.uniform(0.0, 0.1, size=lead)),
     )
-    axes = (ax, None, ax, ax, ax)
+    axes = (ax,) * len(jax.tree.leaves(system))
     y0 = jnp.asarray(rng.normal(size=(n, p)) - 2.0)
     h = jnp.asarray(rng.uniform(0.01, 3.0, size=n))
     y_max = jnp.asarray(177.0)
     fused = lv_batch._structured_step(system, y0, h, y_max, axes=axes)
-    member = jax.vmap(lv_batch._member_step, in_axes=(axes, 0, 0, None))
+    in_axes = lv_batch._in_axes(system, axes)
+    member = jax.vmap(lv_batch._member_step, in_axes=(in_axes, 0, 0, None))
     for a, b in zip(fused, member(system, y0, h, y_max)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 

@@ -12,7 +12,13 @@ import pytest
 from helpers import lv_interactions
 from scipy.integrate import solve_ivp
 
-from nqfjax import LotkaVolterra, solve_lv
+from nqfjax import (
+    DenseInteractions,
+    DiagonalInteractions,
+    LotkaVolterra,
+    LowRankInteractions,
+    solve_lv,
+)
 from nqfjax.engines._rosenbrock import (
     RODAS4,
     RODAS5P,
@@ -30,8 +36,8 @@ def _interactions(p=P):
 
 def _solvers(B, d, U):
     return {
-        "dense": LVRosenbrock(B=jnp.asarray(B)),
-        "diag_low_rank": LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U)),
+        "dense": LVRosenbrock(DenseInteractions(B)),
+        "diag_low_rank": LVRosenbrock(LowRankInteractions(d, U)),
         "generic": LVRosenbrock(),
     }
 
@@ -70,7 +76,8 @@ def system():
 def test_matches_scipy_from_1e_12(system, mode):
     r, B, d, U, m0, ts, ref = system
     solver = _solvers(B, d, U)[mode]
-    assert solver.mode == mode
+    kinds = {"dense": DenseInteractions, "diag_low_rank": LowRankInteractions}
+    assert isinstance(solver.interactions, kinds.get(mode, type(None)))
     lv = LotkaVolterra(r, B)
     m = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-9).ys
     # The issue's accuracy target is 1e-6 relative; at atol 1e-9 on log m the error
@@ -81,7 +88,7 @@ def test_matches_scipy_from_1e_12(system, mode):
 
 
 def test_independent_modes_are_logistic():
-    """Diagonal `B` (a `(p, 0)` factor): each mode follows
+    """Diagonal `B` (`DiagonalInteractions`): each mode follows
     docs/theory/switch-on-times.md,
     `m(t) = m* / (1 + (m*/eps - 1) exp(-r t))` with `m* = r / B_kk`."""
     r = np.array([1.0, 0.3, 0.05])
@@ -90,7 +97,7 @@ def test_independent_modes_are_logistic():
     ts = np.geomspace(1.0, 1500.0, 40)
     m_star = r / b
     exact = m_star / (1 + (m_star / eps - 1) * np.exp(-r * ts[:, None]))
-    solver = LVRosenbrock(diag=jnp.asarray(b), factor=jnp.zeros((3, 0)))
+    solver = LVRosenbrock(DiagonalInteractions(b))
     m = solve_lv(LotkaVolterra(r, np.diag(b)), eps, ts, solver=solver).ys
     # Default float64 tolerances (1e-9): measured error 5e-9; the issue's 1e-6.
     assert _rel_err(m, exact) < 1e-6
@@ -100,7 +107,7 @@ def test_independent_modes_are_logistic():
 def _fixed_step_error(tableau, ns, r, B, m0, T):
     ref = _scipy_log(r, B, m0, np.array([T]), rtol=1e-13)[-1]
     term = diffrax.ODETerm(lambda t, y, args: r - B @ jnp.exp(y))
-    solver = LVRosenbrock(B=jnp.asarray(B), tableau=tableau)
+    solver = LVRosenbrock(DenseInteractions(B), tableau=tableau)
 
     @jax.jit
     def solve(dt):
@@ -141,7 +148,7 @@ def test_float32_from_1e_30():
     ref = _scipy_log(r, B, m0, ts)
     lv = LotkaVolterra(jnp.asarray(r, jnp.float32), jnp.asarray(B, jnp.float32))
     solver = LVRosenbrock(
-        diag=jnp.asarray(d, jnp.float32), factor=jnp.asarray(U, jnp.float32)
+        LowRankInteractions(jnp.asarray(d, jnp.float32), jnp.asarray(U, jnp.float32))
     )
     m = solve_lv(lv, jnp.asarray(m0, jnp.float32), ts, solver=solver).ys
     assert m.dtype == jnp.float32
@@ -204,7 +211,7 @@ def test_vmap_equals_separate_solves():
 
     def one(r_, m0):
         lv = LotkaVolterra(r_, jnp.asarray(B))
-        solver = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U))
+        solver = LVRosenbrock(LowRankInteractions(d, U))
         return solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-8).ys
 
     batched = jax.jit(jax.vmap(one))(jnp.asarray(rs), jnp.asarray(m0s))
@@ -219,7 +226,7 @@ def test_backward_in_time_returns_to_start():
     """`diffeqsolve` from t1 back to t0 (the term is wrapped with direction -1)."""
     r, B, d, U = _interactions(3)
     term = diffrax.ODETerm(lambda t, y, args: r - B @ jnp.exp(y))
-    solver = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U))
+    solver = LVRosenbrock(LowRankInteractions(d, U))
     control = diffrax.PIDController(rtol=0.0, atol=1e-10)
 
     @jax.jit
@@ -237,12 +244,8 @@ def test_backward_in_time_returns_to_start():
 
 def test_bad_arguments():
     r, B, d, U = _interactions()
-    with pytest.raises(ValueError, match="together"):
-        LVRosenbrock(diag=jnp.asarray(d))
-    with pytest.raises(ValueError, match="not both"):
-        LVRosenbrock(B=jnp.asarray(B), diag=jnp.asarray(d), factor=jnp.asarray(U))
-    with pytest.raises(ValueError, match="shape"):
-        LVRosenbrock(B=jnp.ones((3, 4)))
+    with pytest.raises(ValueError, match="AbstractInteractions"):
+        LVRosenbrock(jnp.asarray(B))
     with pytest.raises(ValueError, match="tableau"):
         LVRosenbrock(tableau="rodas4")
     with pytest.raises(ValueError, match="Tableau 'broken'"):
@@ -251,7 +254,41 @@ def test_bad_arguments():
         )
     lv = LotkaVolterra(r, B)
     with pytest.raises(ValueError, match="size 3"):
-        solve_lv(lv, np.full(P, 0.1), [1.0, 2.0], solver=LVRosenbrock(B=jnp.eye(3)))
+        solver = LVRosenbrock(DiagonalInteractions(jnp.ones(3)))
+        solve_lv(lv, np.full(P, 0.1), [1.0, 2.0], solver=solver)
+
+
+def test_legacy_keywords_are_deprecated():
+    """`LVRosenbrock(B=...)` and `LVRosenbrock(diag=..., factor=...)` still work
+    for one release, with a `DeprecationWarning` at the caller, building the
+    interactions (`.mode` too); their bad combinations are refused."""
+    r, B, d, U = _interactions()
+    with pytest.warns(DeprecationWarning, match="LVRosenbrock\\(lv.interactions\\)"):
+        dense = LVRosenbrock(B=jnp.asarray(B))
+    with pytest.warns(DeprecationWarning) as record:
+        low_rank = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.asarray(U))
+    assert record[0].filename == __file__  # attributed to the caller
+    with pytest.warns(DeprecationWarning):
+        diagonal = LVRosenbrock(diag=jnp.asarray(d), factor=jnp.zeros((P, 0)))
+    np.testing.assert_array_equal(dense.interactions.B, B)
+    assert isinstance(low_rank.interactions, LowRankInteractions)
+    assert isinstance(diagonal.interactions, DiagonalInteractions)
+    with pytest.warns(DeprecationWarning, match="mode"):
+        assert low_rank.mode == "diag_low_rank"
+    with pytest.warns(DeprecationWarning):
+        assert (dense.mode, LVRosenbrock().mode) == ("dense", "generic")
+    for kw, match in (
+        (dict(diag=jnp.asarray(d)), "together"),
+        (
+            dict(B=jnp.asarray(B), diag=jnp.asarray(d), factor=jnp.asarray(U)),
+            "not both",
+        ),
+        (dict(B=jnp.ones((3, 4))), "shape"),
+    ):
+        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=match):
+            LVRosenbrock(**kw)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="not both"):
+        LVRosenbrock(DiagonalInteractions(d), B=jnp.asarray(B))
 
 
 @pytest.mark.slow  # 15 s; test_lv_batch checks the same solves against scipy
@@ -275,9 +312,9 @@ def test_method_string_is_deprecated():
     """`LVRosenbrock(method="rodas5p")` still works for one release, with a
     `DeprecationWarning`, and is the same solver as `tableau=RODAS5P`."""
     with pytest.warns(DeprecationWarning, match="tableau=RODAS5P"):
-        old = LVRosenbrock(diag=jnp.ones(2), factor=jnp.zeros((2, 0)), method="rodas5p")
+        old = LVRosenbrock(DiagonalInteractions(jnp.ones(2)), method="rodas5p")
     assert old.tableau is RODAS5P
-    new = LVRosenbrock(diag=jnp.ones(2), factor=jnp.zeros((2, 0)), tableau=RODAS5P)
+    new = LVRosenbrock(DiagonalInteractions(jnp.ones(2)), tableau=RODAS5P)
     assert old.tableau == new.tableau and hash(old.tableau) == hash(RODAS5P)
     assert LVRosenbrock().tableau is RODAS4
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="method"):

@@ -32,9 +32,10 @@ def _power_law_lv(alpha, beta):
     fitting window, so inside it this is the infinite spectrum exactly (without
     it, the missing tail would bend the curve near the end of the window)."""
     task = nqfjax.power_law_task(P, alpha, beta)
-    # B is diagonal, held as B_diag (O(P)): no P x P matrix is built or checked
+    # B is diagonal, held as its diagonal (O(P)): no P x P matrix is built or
+    # checked
     lv = task.lotka_volterra(ETA)
-    assert lv.B_dense is None and lv.B_factor.shape == (P, 0)
+    assert isinstance(lv.interactions, nqfjax.DiagonalInteractions)
     tail = 0.5 * scipy.special.zeta(alpha + 2 * beta, P + 1)
     return eqx.tree_at(lambda s: s.loss_offset, lv, lv.loss_offset + tail)
 

@@ -205,7 +205,9 @@ def test_power_law_task():
     k = np.arange(1, p + 1.0)
     lv, U = nqfjax.lv_reduce(task, eta)
     np.testing.assert_allclose(lv.r, 4 * eta * k ** -(alpha + beta), rtol=1e-13)
-    np.testing.assert_allclose(lv.B, np.diag(4 * eta * k**-alpha), rtol=1e-13)
+    np.testing.assert_allclose(
+        lv.interactions.as_matrix(), np.diag(4 * eta * k**-alpha), rtol=1e-13
+    )
     np.testing.assert_allclose(lv.fixed_point_isolated(), k**-beta, rtol=1e-13)
     np.testing.assert_allclose(U, np.eye(p))
     np.testing.assert_allclose(

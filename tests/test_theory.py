@@ -139,7 +139,7 @@ def test_nnqp_unbounded_is_flagged():
 def test_bad_input():
     lv = _quadratic_network_lv(*ALL_ON)
     # B not symmetric or not PSD: LotkaVolterra and nnqp refuse it
-    B = np.asarray(lv.B).copy()
+    B = np.asarray(lv.interactions.as_matrix()).copy()
     B[0, 1] += 0.1
     with pytest.raises(ValueError, match="symmetric"):
         nqfjax.LotkaVolterra(lv.r, B)
@@ -221,7 +221,7 @@ def test_singular_limit_float32():
     lv = _quadratic_network_lv(*ON_OFF)
     lv32 = nqfjax.LotkaVolterra(
         jnp.asarray(lv.r, jnp.float32),
-        jnp.asarray(lv.B, jnp.float32),
+        jnp.asarray(lv.interactions.as_matrix(), jnp.float32),
         loss_offset=jnp.asarray(lv.loss_offset, jnp.float32),
     )
     st, st32 = nqfjax.singular_limit(lv, 10.0), nqfjax.singular_limit(lv32, 10.0)
@@ -362,7 +362,9 @@ def test_quadratic_network_system_matches_lv_reduce(config):
     assert sorted(perm) == list(range(len(cov)))
     # both are exact: agreement to rounding
     np.testing.assert_allclose(
-        lv_ref.B, np.asarray(lv.B)[np.ix_(perm, perm)], atol=1e-12
+        lv_ref.interactions.as_matrix(),
+        np.asarray(lv.interactions.as_matrix())[np.ix_(perm, perm)],
+        atol=1e-12,
     )
     np.testing.assert_allclose(lv_ref.r, np.asarray(lv.r)[perm], atol=1e-12)
     m = np.linspace(0.1, 1.0, len(cov))
@@ -490,7 +492,7 @@ def test_mode_switches_on_then_off(interacting_runs):
     assert m0[-1] < 1e-6 * P[4, 0]
     a, b = np.searchsorted(taus, [1.15 * J[-1], 1.9 * J[-1]])
     slope = (np.log(m0[b]) - np.log(m0[a])) / (log_eps * (taus[b] - taus[a]))
-    rate = float((lv.r - lv.B @ st.plateau_values[-1])[0])
+    rate = float((lv.r - lv.interactions.as_matrix() @ st.plateau_values[-1])[0])
     assert rate < 0
     np.testing.assert_allclose(slope, rate, rtol=0.02)
 

@@ -43,6 +43,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ..engines.lv import solve_lv
+from ..tasks.interactions import DiagonalInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..theory.power_law import power_law_exponent
 from ._least_squares import (
@@ -246,7 +247,7 @@ def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
         options = dict(solve_options or {})
 
         def one(r_k, b_k):
-            lv = LotkaVolterra(r_k[None], B_diag=b_k[None])
+            lv = LotkaVolterra(r_k[None], DiagonalInteractions(b_k[None]))
             return solve_lv(lv, eps[None], ts, **options).ys[:, 0]
 
         m = jax.vmap(one)(r, b)  # (p, T)

@@ -12,13 +12,11 @@ instead solves a fixed number of linear systems with the one matrix
 
 $$W = I - \gamma h J = I + \gamma h\, B\, \mathrm{diag}(m)$$
 
-per step, and needs no Newton iteration. With `B` dense, `W` is LU-factorised
+per step, and needs no Newton iteration. The solve is the interactions' own
+(`AbstractInteractions.rosenbrock_solver`): with `B` dense, `W` is LU-factorised
 once per step ($O(p^3)$); with `B = diag(d) + U U^T` (for example the quadratic
 network with Gaussian inputs, where `U` is one column) the Woodbury identity
-solves it in $O(pq)$ with a `q x q` capacitance matrix. The dense LU goes through
-lineax; the Woodbury solve is written here, because no library offers it with
-the analytic log-space Jacobian `-B diag(m)` (lineax's operators would need `W`
-formed or solved iteratively).
+solves it in $O(pq)$ with a `q x q` capacitance matrix.
 """
 
 import dataclasses
@@ -31,6 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
+
+from .._linalg import _lu_solver
+from ..tasks.interactions import (
+    AbstractInteractions,
+    DenseInteractions,
+    DiagonalInteractions,
+    LowRankInteractions,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +274,9 @@ RODAS5P = RosenbrockTableau(
         ),
     ),
 )
+# the caller of `LVRosenbrock(...)` seen from its `__init__`: equinox's module
+# metaclass calls `__init__` through two frames of its own
+_INIT_STACKLEVEL = 4
 # the strings of the deprecated `LVRosenbrock(method=...)`
 _TABLEAUS_BY_NAME = {"rodas4": RODAS4, "rodas5p": RODAS5P}
 
@@ -281,29 +290,6 @@ def _combine(coeffs, ks):
         term = k if c == 1.0 else c * k
         out = term if out is None else out + term
     return out
-
-
-def _lu_solver(A):
-    """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), shared
-    by every stage of a step. `jax.lax.custom_linear_solve` differentiates the
-    solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same factors)
-    instead of differentiating `lu_factor`, whose JVP cost ~35x the solve
-    (benchmarks/README.md, `gradients.py`). Not `lineax.linear_solve`, which does
-    the same but refuses every vector inside `shard_map` (it compares the
-    vector's sharding with the operator's structure, which has none), where a
-    sweep over devices runs this solver. A singular `A` gives NaN, which the
-    step-size controller rejects, as it does any failed step."""
-    factors = jax.scipy.linalg.lu_factor(jax.lax.stop_gradient(A))
-
-    def solve(b):
-        return jax.lax.custom_linear_solve(
-            lambda x: A @ x,
-            b,
-            lambda _, r: jax.scipy.linalg.lu_solve(factors, r),
-            lambda _, r: jax.scipy.linalg.lu_solve(factors, r, trans=1),
-        )
-
-    return solve
 
 
 def rosenbrock_stages(tableau, f, solve, t0, y0, h, ft=None):
@@ -334,41 +320,6 @@ def dense_output(y0, y1, H, theta):
     for H_r in H[-2::-1]:
         inner = H_r + theta * inner
     return (1 - theta) * y0 + theta * (y1 + (1 - theta) * inner)
-
-
-def lv_dense_solver(B, m, g, gh):
-    """`b -> gh W^{-1} b` with `W = I + g B diag(m)` (dense `B`, one LU)."""
-    eye = jnp.eye(m.shape[0], dtype=m.dtype)
-    solve = _lu_solver(eye + g * B.astype(m.dtype) * m[None, :])
-    return lambda b: solve(gh * b)
-
-
-def lv_woodbury_solver(d, U, m, g, gh):
-    """`b -> gh W^{-1} b` with `W = I + g (diag(d) + U U^T) diag(m)`, by Woodbury.
-
-    Hand-written: no library solves diag + low rank with the analytic log-space
-    Jacobian. `W = A + g U (M U)^T` with `A = I + g diag(d m)` diagonal:
-    `W^-1 = A^-1 - g A^-1 U S^-1 U^T M A^-1`, with the capacitance
-    `S = I + g U^T diag(m / A) U` (symmetric positive definite when `g > 0`,
-    `d >= 0`). `O(p q^2 + q^3)`; `q = 0` is a diagonal `B`."""
-    dtype = m.dtype
-    d = d.astype(dtype)
-    U = U.astype(dtype)
-    q = U.shape[1]
-    a = 1 + g * d * m
-    if q == 0:  # B diagonal: independent modes
-        return lambda b: gh * b / a
-    S = jnp.eye(q, dtype=dtype) + g * (U.T * (m / a)[None, :]) @ U
-    if q == 1:
-        solve_small = lambda v: v / S[0, 0]
-    else:
-        solve_small = _lu_solver(S)
-
-    def solve(b):
-        z = gh * b / a
-        return z - g * (U @ solve_small(U.T @ (m * z))) / a
-
-    return solve
 
 
 def exponent_clip(dtype) -> float:
@@ -411,22 +362,25 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
 
     $$W = I + \gamma h\, B\, \mathrm{diag}(m), \qquad m = e^{\min(y,\, y_{max})}.$$
 
-    How `W` is solved depends on what the solver is given:
+    How `W` is solved is the interactions' own
+    (`AbstractInteractions.rosenbrock_solver`):
 
-    - `LVRosenbrock(B=B)`: dense `B`; `W` is LU-factorised once per step, $O(p^3)$.
-    - `LVRosenbrock(diag=d, factor=U)`: `B = diag(d) + U U^T` with `d >= 0` and
-      `U` of shape `(p, q)`; Woodbury with a `q x q` capacitance matrix, $O(pq^2 +
-      q^3)$ per step. `q = 0` (a `(p, 0)` factor) is a diagonal `B`.
+    - `LVRosenbrock(DenseInteractions(B))`: `W` is LU-factorised once per step,
+      $O(p^3)$.
+    - `LVRosenbrock(LowRankInteractions(d, U))`: `B = diag(d) + U U^T` with
+      `U` of shape `(p, q)`; Woodbury with a `q x q` capacitance matrix,
+      $O(pq^2 + q^3)$ per step. `DiagonalInteractions(d)`: $O(p)$.
     - `LVRosenbrock()`: a generic Rosenbrock solver for any ODE with a 1-D state:
       `J` by `jax.jacfwd` of the vector field, $\partial f / \partial t$ by
       `jax.jvp`, dense LU.
 
-    The first two assume the term is the log-space LV field with this `B` (as
-    `solve_lv` builds it): only the linear algebra uses `B`, the stages evaluate the
-    term. With a `B` that does not match the term the method loses its order: it
-    takes many more steps and its error estimate is less reliable. Usage:
-    `solve_lv(lv, m0, ts, solver=LVRosenbrock(B=lv.B))`; under `jax.vmap` over
-    systems, build the solver inside the vmapped function (it is a pytree).
+    With interactions, the solver assumes the term is the log-space LV field with
+    this `B` (as `solve_lv` builds it): only the linear algebra uses `B`, the
+    stages evaluate the term. With a `B` that does not match the term the method
+    loses its order: it takes many more steps and its error estimate is less
+    reliable. Usage: `solve_lv(lv, m0, ts, solver=LVRosenbrock(lv.interactions,
+    tableau=RODAS5P))`; under `jax.vmap` over systems, build the solver inside
+    the vmapped function (it is a pytree).
 
     Tableaus (`tableau=`), both L-stable and stiffly accurate, with the last stage
     as error estimate and a dense output built from the (damped) stage vectors,
@@ -449,22 +403,22 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
 
     **Arguments:**
 
-    - `B`: the interactions, shape `(p, p)` (dense mode).
-    - `diag`, `factor`: `B = diag(diag) + factor @ factor.T`, shapes `(p,)` and
-      `(p, q)` (structured mode). Give either `B`, or both of these, or nothing.
+    - `interactions`: the `AbstractInteractions` of the system (`lv.interactions`),
+      or None (default) for the generic solver.
     - `tableau`: a `RosenbrockTableau`, `RODAS4` (default) or `RODAS5P`.
     - `y_max`: the exponent clip; default that of `solve_lv`
       (`0.25 * log(finfo(dtype).max)`).
+    - `B`, `diag`, `factor`: deprecated (accepted with a `DeprecationWarning` for
+      one release): `B=B` for `DenseInteractions(B)`, `diag=d, factor=U` for
+      `LowRankInteractions(d, U)`.
     - `method`: deprecated, `"rodas4"` or `"rodas5p"` for `tableau` (accepted
       with a `DeprecationWarning` for one release).
 
-    **Raises:** `ValueError` if the arguments mix modes or have the wrong shapes,
+    **Raises:** `ValueError` if the arguments mix forms or have the wrong shapes,
     or (at trace time) if the state is not a 1-D array of the size of `B`.
     """
 
-    B: Float[Array, "p p"] | None
-    diag: Float[Array, " p"] | None
-    factor: Float[Array, "p q"] | None
+    interactions: AbstractInteractions | None
     tableau: RosenbrockTableau = eqx.field(static=True)
     y_max: float | None = eqx.field(static=True)
 
@@ -473,12 +427,13 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
 
     def __init__(
         self,
-        B=None,
-        diag=None,
-        factor=None,
+        interactions: AbstractInteractions | None = None,
         tableau: RosenbrockTableau = RODAS4,
         y_max: float | None = None,
         *,
+        B=None,
+        diag=None,
+        factor=None,
         method: str | None = None,
     ):
         if method is not None:
@@ -486,7 +441,7 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
                 "`LVRosenbrock(method=...)` is deprecated; pass the tableau object, "
                 "e.g. `tableau=RODAS5P`.",
                 DeprecationWarning,
-                stacklevel=2,
+                stacklevel=_INIT_STACKLEVEL,
             )
             if method not in _TABLEAUS_BY_NAME:
                 raise ValueError(
@@ -498,41 +453,40 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
             raise ValueError(
                 f"`tableau` must be a RosenbrockTableau (e.g. RODAS4), got {tableau!r}."
             )
-        self.B = B
-        self.diag = diag
-        self.factor = factor
+        legacy = _legacy_interactions(B, diag, factor)
+        if legacy is not None:
+            if interactions is not None:
+                raise ValueError(
+                    "Give either `interactions` or the deprecated `B`/(`diag`, "
+                    "`factor`), not both."
+                )
+            interactions = legacy
+        if interactions is not None and not isinstance(
+            interactions, AbstractInteractions
+        ):
+            raise ValueError(
+                "`interactions` must be an AbstractInteractions (e.g. "
+                f"`lv.interactions`), got {type(interactions).__name__}."
+            )
+        self.interactions = interactions
         self.tableau = tableau
         self.y_max = y_max
 
-    def __check_init__(self):
-        structured = (self.diag is not None, self.factor is not None)
-        if any(structured) and not all(structured):
-            raise ValueError("`diag` and `factor` must be given together.")
-        if self.B is not None and any(structured):
-            raise ValueError("Give either `B` or (`diag`, `factor`), not both.")
-        if self.B is not None and (
-            jnp.ndim(self.B) != 2 or jnp.shape(self.B)[0] != jnp.shape(self.B)[1]
-        ):
-            raise ValueError(f"`B` must have shape (p, p), got {jnp.shape(self.B)}.")
-        if all(structured):
-            if jnp.ndim(self.diag) != 1:
-                raise ValueError(
-                    f"`diag` must have shape (p,), got {jnp.shape(self.diag)}."
-                )
-            p = jnp.shape(self.diag)[0]
-            if jnp.ndim(self.factor) != 2 or jnp.shape(self.factor)[0] != p:
-                raise ValueError(
-                    f"`factor` must have shape ({p}, q), got {jnp.shape(self.factor)}."
-                )
-
     @property
     def mode(self) -> str:
-        """`"dense"`, `"diag_low_rank"` or `"generic"`."""
-        if self.B is not None:
+        """Deprecated: `"dense"`, `"diag_low_rank"` or `"generic"`; the form is
+        the type of `interactions`."""
+        warnings.warn(
+            "`LVRosenbrock.mode` is deprecated; the form of the interactions is "
+            "the type of `LVRosenbrock.interactions`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if self.interactions is None:
+            return "generic"
+        if isinstance(self.interactions, DenseInteractions):
             return "dense"
-        if self.diag is not None:
-            return "diag_low_rank"
-        return "generic"
+        return "diag_low_rank"
 
     def order(self, terms) -> int:
         return self.tableau.order
@@ -550,12 +504,9 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
                 "`LVRosenbrock` needs the state `y0` to be a 1-D array, got shapes "
                 f"{[jnp.shape(x) for x in jax.tree.leaves(y0)]}."
             )
-        if self.mode == "dense":
-            p = self.B.shape[0]
-        elif self.mode == "diag_low_rank":
-            p = self.diag.shape[0]
-        else:
+        if self.interactions is None:
             return
+        p = self.interactions.size
         if p != y0.shape[0]:
             raise ValueError(
                 f"The interactions have size {p} but the state has shape {y0.shape}."
@@ -565,9 +516,8 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         """`solve(b) = (I/(gh) - J)^{-1} b` for the Jacobian `J` of `f` (which is
         `sign` times the LV field in the LV modes), and `f_t` (None if autonomous)."""
         dtype = y0.dtype
-        p = y0.shape[0]
-        eye = jnp.eye(p, dtype=dtype)
-        if self.mode == "generic":
+        if self.interactions is None:  # the generic solver
+            eye = jnp.eye(y0.shape[0], dtype=dtype)
             jac = jax.jacfwd(lambda y: f(t0, y))(y0).astype(dtype)
             _, ft = jax.jvp(lambda t: f(t, y0), (t0,), (jnp.ones_like(t0),))
             solve = _lu_solver(eye - gh * jac)
@@ -576,9 +526,7 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         m = jnp.exp(jnp.minimum(y0, y_max))
         # W = I - gh J = I + g B diag(m), with g = sign * gh.
         g = sign * gh
-        if self.mode == "dense":
-            return lv_dense_solver(self.B, m, g, gh), None
-        return lv_woodbury_solver(self.diag, self.factor, m, g, gh), None
+        return self.interactions.rosenbrock_solver(m, g, gh), None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -608,3 +556,35 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
         H = jnp.where(idle, jnp.zeros_like(H), H)
         dense_info = dict(y0=y0, y1=y1, H=H)
         return y1, err, dense_info, None, diffrax.RESULTS.successful
+
+
+def _legacy_interactions(B, diag, factor):
+    """The interactions of the deprecated keywords of `LVRosenbrock`, `B=` or
+    `diag=, factor=` (None when none is given)."""
+    given = {
+        k for k, v in (("B", B), ("diag", diag), ("factor", factor)) if v is not None
+    }
+    if not given:
+        return None
+    warnings.warn(
+        "`LVRosenbrock(B=..., diag=..., factor=...)` is deprecated; pass the "
+        "interactions, e.g. `LVRosenbrock(lv.interactions)`.",
+        DeprecationWarning,
+        stacklevel=_INIT_STACKLEVEL + 1,
+    )
+    if given == {"B"}:
+        if jnp.ndim(B) != 2 or jnp.shape(B)[0] != jnp.shape(B)[1]:
+            raise ValueError(f"`B` must have shape (p, p), got {jnp.shape(B)}.")
+        return DenseInteractions(B)
+    if "B" in given:
+        raise ValueError("Give either `B` or (`diag`, `factor`), not both.")
+    if given != {"diag", "factor"}:
+        raise ValueError("`diag` and `factor` must be given together.")
+    if jnp.ndim(diag) != 1:
+        raise ValueError(f"`diag` must have shape (p,), got {jnp.shape(diag)}.")
+    p = jnp.shape(diag)[0]
+    if jnp.ndim(factor) != 2 or jnp.shape(factor)[0] != p:
+        raise ValueError(f"`factor` must have shape ({p}, q), got {jnp.shape(factor)}.")
+    if jnp.shape(factor)[1] == 0:
+        return DiagonalInteractions(diag)
+    return LowRankInteractions(diag, factor)

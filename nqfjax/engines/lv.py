@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_shape, error_if, is_concrete, positive, renamed_keywords
 from ..tasks.base import Task
-from ..tasks.lotka_volterra import LotkaVolterra, _interactions
+from ..tasks.lotka_volterra import LotkaVolterra
 from ._integrate import (
     Solution,
     check_learning_rate,
@@ -30,9 +30,9 @@ from ._rosenbrock import LVRosenbrock, exponent_clip
 
 def _rates(y, args):
     """`d log m / dt` at `y = log m`."""
-    r, B, B_diag, B_factor, decay, y_max = args
+    r, interactions, decay, y_max = args
     m = jnp.exp(jnp.minimum(y, y_max))
-    return r - _interactions(B, B_diag, B_factor, m) - decay
+    return r - interactions.mv(m) - decay
 
 
 def _log_field(t, y, args):
@@ -193,15 +193,14 @@ def solve_lv(
         stepsize_controller, rtol, atol, _default_tolerances(dtype, atol), _max_norm
     )
     if solver is None:
-        if lv.B_diag is not None:
-            solver = LVRosenbrock(diag=lv.B_diag, factor=lv.B_factor)
-        else:
-            solver = LVRosenbrock(B=lv.B)
+        solver = LVRosenbrock(lv.interactions)
     if dt0 is None:
-        scale = jnp.max(jnp.abs(lv.r)) + jnp.max(jnp.abs(lv.B)) * jnp.max(m0)
+        # max |B_kl| is the largest diagonal entry: B is PSD
+        B_max = jnp.max(lv.interactions.diagonal())
+        scale = jnp.max(jnp.abs(lv.r)) + B_max * jnp.max(m0)
         dt0 = 1e-2 / jnp.maximum(scale, jnp.finfo(dtype).tiny)
     y_max = jnp.asarray(exponent_clip(dtype), dtype)
-    args = (lv.r, lv.B, lv.B_diag, lv.B_factor, lv.decay, y_max)
+    args = (lv.r, lv.interactions, lv.decay, y_max)
     y, (s_stop, y_stop), stats, result = integrate(
         _LOG_TERM,
         solver,

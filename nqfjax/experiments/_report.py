@@ -224,7 +224,7 @@ def report_dict(cfg, pb, timings, checks, eng, sw, pl, matrices, figures) -> dic
         },
         "lotka_volterra": {
             "r": np.asarray(lv.r).tolist(),
-            "B": np.asarray(lv.B).tolist(),
+            "B": np.asarray(lv.interactions.as_matrix()).tolist(),
             "learned_modes": pb.learn.tolist(),
             "m0": eng.m0.tolist(),
             "log_inv_eps": eng.log_eps,

@@ -14,6 +14,7 @@ from .._checks import (
     static_int,
 )
 from .base import Task
+from .interactions import DiagonalInteractions
 from .lotka_volterra import LotkaVolterra
 
 
@@ -69,8 +70,8 @@ class PowerLawTask(Task):
         eta = positive("learning_rate", jnp.asarray(learning_rate, self.dtype))
         return LotkaVolterra(
             4.0 * eta * self.lam * self.mstar,
+            DiagonalInteractions(4.0 * eta * self.lam),
             decay=2.0 * eta * jnp.asarray(weight_decay, self.dtype),
-            B_diag=4.0 * eta * self.lam,
             loss_scale=1.0 / (4.0 * eta),
             loss_offset=0.5 * self.y2,
         )

@@ -13,6 +13,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_ndim, check_shape, error_if, is_concrete, positive
+from ..tasks.interactions import LowRankInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
 from .staircase import _is_diagonal
 
@@ -139,15 +140,17 @@ def _sharp_switch_sum(lv, diag, m0, ts):
 
 
 def _independent_modes(lv: LotkaVolterra) -> Float[Array, " p"]:
-    """The diagonal of `B`, checked to be all of `B`: a structured system with no
-    low-rank columns is diagonal by construction (no check, `O(p)`); a dense `B`
-    is checked to round-off, eagerly or with `eqx.error_if` when traced."""
+    """The diagonal of `B`, checked to be all of `B`: interactions diagonal by
+    their structure need no check (`O(p)`); a dense `B` is checked to round-off,
+    eagerly or with `eqx.error_if` when traced; a diagonal plus a low-rank part
+    is refused (never densified)."""
     msg = "`sharp_switch_loss` is for independent modes: `lv.B` must be diagonal."
-    if lv.B_dense is None:
-        if lv.B_factor.shape[1] != 0:
-            raise ValueError(msg + f" It has a rank-{lv.B_factor.shape[1]} part.")
-        return lv.B_diag
-    B = lv.B_dense
+    inter = lv.interactions
+    if inter.is_diagonal():
+        return inter.diagonal()
+    if isinstance(inter, LowRankInteractions):
+        raise ValueError(msg + f" It has a rank-{inter.rank} part.")
+    B = inter.as_matrix()  # dense: checked entry by entry
     if is_concrete(B):
         if not _is_diagonal(np.asarray(B)):
             raise ValueError(msg)

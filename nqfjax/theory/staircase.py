@@ -60,22 +60,20 @@ class _LVNumpy(NamedTuple):
 
 
 def _lv_numpy(lv: LotkaVolterra, function: str) -> _LVNumpy:
-    """`lv` in numpy; a diagonal structured system is never densified."""
+    """`lv` in numpy; interactions diagonal by their structure are never
+    densified (the event loop of coupled modes is dense numpy: `O(p^2)`)."""
     if not isinstance(lv, LotkaVolterra):
         raise ValueError(f"`lv` must be a LotkaVolterra system, got {type(lv)}.")
     _concrete("lv", lv, function)
-    # numpy throughout: jnp operations would be staged (traced) inside a jit
+    # numpy from here: jnp operations would be staged (traced) inside a jit;
+    # the interactions' own, on concrete values, run now
     r_eff = np.asarray(lv.r, np.float64) - float(lv.decay)
-    if lv.B_dense is None:
-        d = np.asarray(lv.B_diag, np.float64)
-        U = np.asarray(lv.B_factor, np.float64)
-        diag = d + np.sum(U**2, axis=1)
-        if U.shape[1] == 0:
+    inter = lv.interactions
+    with jax.ensure_compile_time_eval():
+        diag = np.array(inter.diagonal(), np.float64)
+        if inter.is_diagonal():
             return _LVNumpy(None, diag, r_eff, True)
-        B = np.diag(d) + U @ U.T
-    else:
-        B = np.asarray(lv.B_dense, np.float64)
-        diag = np.diag(B).copy()
+        B = np.asarray(inter.as_matrix(), np.float64)
     B = 0.5 * (B + B.T)
     if _is_diagonal(B):
         return _LVNumpy(None, diag, r_eff, True)
