@@ -64,13 +64,13 @@ TESTS = (
     # solve_lv_batch against solve_lv and scipy, its discrete adjoint
     "tests/test_lv_batch.py::test_shared_system_matches_solve_lv_and_scipy",
     "tests/test_lv_batch.py::test_gradient_equals_solve_lv_at_the_last_time[structured]",
-    # sweep: checkpoints, the compile cache, and a sharded sweep over eight
-    # forced host devices (jax.shard_map) in a subprocess
+    # sweep: checkpoints, the compile cache, and sharded sweeps of train and
+    # solve_lv over two forced host devices (float32), in a subprocess
     "tests/test_sweep.py::test_bad_grids_and_mesh",
     "tests/test_sweep.py::test_checkpoint_from_other_sweep",
     "tests/test_sweep.py::test_damaged_chunk_is_named_and_recomputed[flip]",
     "tests/test_sweep.py::test_second_call_compiles_nothing",
-    "tests/test_sweep.py::test_sharded_sweep_on_8_host_devices",
+    "tests/test_sweep.py::test_sharded_sweep_of_the_engines_on_2_host_devices[float32]",
     # the command line: help, usage errors, the demo's engines
     "tests/test_cli.py::test_help_is_complete",
     "tests/test_cli.py::test_usage_errors_exit_2",
