@@ -382,7 +382,7 @@ def test_cli_fit_rejects_bad_total_modes(tmp_path, capsys, value):
     assert len(err) == 1 and "--total-modes" in err[0] and value in err[0], err
     assert not out.exists()  # rejected before any work
     with pytest.raises(ValueError, match="total_modes"):
-        nqfjax.analyse_curve(TS, 1 / TS, modes=4, total_modes=float(value))
+        nqfjax.experiments.analyse_curve(TS, 1 / TS, modes=4, total_modes=float(value))
 
 
 # --------------------------------------------------------------------------------
@@ -460,7 +460,7 @@ def test_two_mode_curve_is_a_staircase_without_power_law():
     loss = (0.01 + 0.38 * g1**2 + 0.11 * g2**2) * np.exp(
         0.03 * rng.standard_normal(ts.size)
     )
-    summary, _ = nqfjax.analyse_curve(ts, loss, modes=4, total_modes=4)
+    summary, _ = nqfjax.experiments.analyse_curve(ts, loss, modes=4, total_modes=4)
     assert summary["plateaus"]["count"] == 3
     assert summary["model"]["best"] == "staircase", summary["model"]
     assert summary["power_law"]["found"] is False

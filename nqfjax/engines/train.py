@@ -19,7 +19,7 @@ from .._checks import (
     positive,
     static_int,
 )
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 
 
 _MODELS = ("layer", "quadratic")
@@ -88,7 +88,7 @@ def log_spaced_steps(num_steps: int, num_records: int) -> tuple[int, ...]:
 
 
 def train(
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
@@ -216,8 +216,10 @@ def train(
     `eqx.error_if` runtime error under `jit`/`vmap`.
     """
     # Long only for its docstring (the contract); the code is checks and one call.
-    if not isinstance(structure, Structure):
-        raise ValueError(f"`structure` must be an nqfjax.Structure, got {structure!r}.")
+    if not isinstance(structure, AbstractStructure):
+        raise ValueError(
+            f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
+        )
     if model not in _MODELS:
         raise ValueError(f"`model` must be one of {_MODELS}, got {model!r}.")
     num_steps = static_int("num_steps", num_steps, 1)

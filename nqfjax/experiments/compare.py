@@ -19,7 +19,7 @@ from ..engines.clock import invert_clock
 from ..engines.lv import lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
 from ..engines.train import _check_key
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..tasks.sampled import task_from_samples
@@ -123,7 +123,7 @@ def switch_times_from_curves(
 
 def compare_methods(
     methods: Sequence[Method] | Mapping[str, Method],
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,

@@ -17,7 +17,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._checks import static_int
 from ..engines.clock import check_momentum, clock
 from ..engines.train import TrainResult, _check_key, log_spaced_steps, train
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ._optimizers import ALIASES, OPTIMIZERS, HeavyBall, optimizer_word
 
 
@@ -227,7 +227,7 @@ class Method(eqx.Module):
 
 def train_method(
     method: Method,
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
