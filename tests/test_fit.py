@@ -9,7 +9,7 @@ import scipy.linalg
 
 import nqfjax
 import nqfjax.cli
-from nqfjax.analysis.spectrum import _spectrum_log_loss
+from nqfjax.analysis.spectrum import spectrum_log_loss
 
 
 def _logistic_power_law_loss(ts, p, alpha, beta, eps, eta=0.25):
@@ -279,7 +279,7 @@ def test_fit_spectrum_logistic_log_loss_does_not_underflow():
     direct, _ = _logistic_power_law_loss(ts, p, LV_ALPHA, LV_BETA, eps)
     assert np.all(direct == 0)  # the direct sum underflows
     log_loss = jax.jit(
-        lambda th: _spectrum_log_loss(th, jnp.asarray(ts), p, "logistic", None, p)
+        lambda th: spectrum_log_loss(th, jnp.asarray(ts), p, "logistic", None, p)
     )
     lam, mstar, r = p**-LV_ALPHA, p**-LV_BETA, p ** -(LV_ALPHA + LV_BETA)
     expected = np.log(lam / 2) + 2 * (np.log(mstar) + np.log(mstar / eps - 1) - r * ts)

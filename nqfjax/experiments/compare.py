@@ -13,12 +13,11 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import static_int
+from .._checks import check_key, static_int
 from .._curves import first_crossing
 from ..engines.clock import invert_clock
 from ..engines.lv import lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
-from ..engines.train import _check_key
 from ..structures.base import AbstractStructure
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
@@ -224,7 +223,7 @@ def compare_methods(
         if record_at is None
         else np.asarray(record_at, int)
     )
-    key = jr.key(0) if key is None else _check_key(key)
+    key = jr.key(0) if key is None else check_key(key)
     ref = _reference(structure, xs, ys, W0, basis, weight_decay)
 
     def run(mth, k):
