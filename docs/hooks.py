@@ -5,12 +5,14 @@
    copies, no symlinks), before mkdocs-jupyter looks for notebooks, so a fresh
    clone builds with nothing to prepare.
 2. Every name that `nqfjax/__init__.py` re-exports must have exactly one
-   `::: nqfjax.NAME` block in `docs/api/*.md`; anything else is a warning, which
-   fails `mkdocs build --strict`.
+   `::: nqfjax.NAME` block in `docs/api/*.md`, and every name that
+   `nqfjax/experiments/__init__.py` re-exports one `::: nqfjax.experiments.NAME`
+   block; anything else is a warning, which fails `mkdocs build --strict`.
 3. `PublicNamesFirst`, a Griffe extension (configured under mkdocstrings'
    `extensions`), makes `nqfjax.NAME` the re-exported object even where a
-   submodule has the same name (`nqfjax.train`, `nqfjax.sweep`): Griffe gives
-   the submodule precedence, Python the re-export.
+   submodule has the same name (`nqfjax.train`, `nqfjax.sweep`,
+   `nqfjax.experiments.predict_file`): Griffe gives the submodule precedence,
+   Python the re-export.
 """
 
 import ast
@@ -28,8 +30,13 @@ log = logging.getLogger("mkdocs.hooks.nqfjax")
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 PACKAGE_INIT = ROOT / "nqfjax" / "__init__.py"
+# the public namespaces: the package, and the command line's drivers
+NAMESPACES = {
+    "nqfjax": PACKAGE_INIT,
+    "nqfjax.experiments": ROOT / "nqfjax" / "experiments" / "__init__.py",
+}
 API_DIR = Path(__file__).resolve().parent / "api"
-_BLOCK = re.compile(r"^:::\s+nqfjax\.(\w+)\s*$", re.MULTILINE)
+_BLOCK = re.compile(r"^:::\s+(nqfjax\.(?:experiments\.)?\w+)\s*$", re.MULTILINE)
 
 
 def _notebooks() -> list[Path]:
@@ -60,12 +67,16 @@ on_files = CombinedEvent(_add_notebooks, _keep_notebook_sources)
 
 
 def _public_names() -> list[str]:
-    """The names `nqfjax/__init__.py` re-exports (`from .x import y as y`)."""
-    tree = ast.parse(PACKAGE_INIT.read_text(encoding="utf-8"))
+    """The names each public namespace re-exports (`from .x import y as y`), in
+    full (`nqfjax.NAME`, `nqfjax.experiments.NAME`)."""
     names = []
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
-            names += [a.asname for a in node.names if a.asname == a.name]
+    for namespace, init in NAMESPACES.items():
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                names += [
+                    f"{namespace}.{a.asname}" for a in node.names if a.asname == a.name
+                ]
     return names
 
 
@@ -79,13 +90,13 @@ def on_pre_build(config):
         where = counts.get(name, [])
         if len(where) != 1:
             log.warning(
-                "nqfjax.%s has %d API blocks (%s); it needs exactly one in docs/api/.",
+                "%s has %d API blocks (%s); it needs exactly one in docs/api/.",
                 name,
                 len(where),
                 ", ".join(where) or "none",
             )
     for name in sorted(set(counts) - set(public)):
-        log.warning("docs/api documents nqfjax.%s, which is not public.", name)
+        log.warning("docs/api documents %s, which is not public.", name)
 
 
 def on_serve(server, config, builder):
@@ -109,11 +120,17 @@ class PublicNamesFirst(griffe.Extension):
     def on_package(self, *, pkg, loader, **kwargs):
         if pkg.name != "nqfjax":
             return
+        namespaces = [pkg] + [
+            pkg.members[path.removeprefix("nqfjax.")]
+            for path in NAMESPACES
+            if path != "nqfjax"
+        ]
         shadowed = {
-            name: path
-            for name, path in pkg.imports.items()
-            if isinstance(pkg.members.get(name), griffe.Module)
-            and path != f"{pkg.path}.{name}"
+            (namespace, name): path
+            for namespace in namespaces
+            for name, path in namespace.imports.items()
+            if isinstance(namespace.members.get(name), griffe.Module)
+            and path != f"{namespace.path}.{name}"
         }
         if not shadowed:
             return
@@ -123,6 +140,6 @@ class PublicNamesFirst(griffe.Extension):
                 alias.resolve_target()
             except (griffe.AliasResolutionError, griffe.CyclicAliasError):
                 pass  # external or unresolvable: left to mkdocstrings, as before
-        for name, path in shadowed.items():
+        for (namespace, name), path in shadowed.items():
             target = loader.modules_collection[path]
-            pkg.set_member(name, griffe.Alias(name, target, parent=pkg))
+            namespace.set_member(name, griffe.Alias(name, target, parent=namespace))

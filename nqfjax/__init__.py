@@ -1,10 +1,13 @@
 """nqfjax: the neural quadratic form theory of sudden learning, in JAX.
 
-The public API is exactly what this module re-exports.
+The public API is exactly what this module re-exports, and the command line's
+drivers in `nqfjax.experiments`.
 """
 
 import importlib.metadata
+import warnings
 
+from . import experiments as _experiments
 from .analysis.forecast import (
     Forecast as Forecast,
     forecast as forecast,
@@ -60,12 +63,6 @@ from .experiments.compare import (
     compare_methods as compare_methods,
     switch_times_from_curves as switch_times_from_curves,
 )
-from .experiments.curve import (
-    Curve as Curve,
-    analyse_curve as analyse_curve,
-    fit_curve_file as fit_curve_file,
-    read_curve_csv as read_curve_csv,
-)
 from .experiments.delay import (
     DelayResult as DelayResult,
     DelayScaling as DelayScaling,
@@ -73,7 +70,6 @@ from .experiments.delay import (
     delayed_generalisation as delayed_generalisation,
     generalisation_delay as generalisation_delay,
 )
-from .experiments.demo import DemoConfig as DemoConfig, run_demo as run_demo
 from .experiments.finite_data import (
     FiniteDataMap as FiniteDataMap,
     finite_data_map as finite_data_map,
@@ -88,7 +84,6 @@ from .experiments.predict import (
     agreement as agreement,
     predict as predict,
 )
-from .experiments.predict_file import predict_file as predict_file
 from .experiments.schedules import (
     Schedule as Schedule,
     evaluate_schedule as evaluate_schedule,
@@ -97,12 +92,6 @@ from .experiments.schedules import (
     standard_schedules as standard_schedules,
     train_schedule as train_schedule,
 )
-from .experiments.sweep_config import (
-    SweepConfig as SweepConfig,
-    load_sweep_config as load_sweep_config,
-    parse_sweep_config as parse_sweep_config,
-)
-from .experiments.sweep_run import run_sweep_config as run_sweep_config
 from .progress import (
     AbstractProgressMeter as AbstractProgressMeter,
     NoProgressMeter as NoProgressMeter,
@@ -185,6 +174,20 @@ from .theory.staircase import (
 from .theory.switch_on import (
     switch_on_times as switch_on_times,
 )
+
+
+# The command line's drivers live in `nqfjax.experiments`; their old names here
+# still work, with a DeprecationWarning, for one release.
+def __getattr__(name: str):
+    if name in _experiments.__all__:
+        warnings.warn(
+            f"`nqfjax.{name}` is deprecated and will be removed in the next release; "
+            f"use `nqfjax.experiments.{name}`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_experiments, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 try:

@@ -20,6 +20,7 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 
 
@@ -247,3 +248,43 @@ def renamed_keywords(**renames: str):
         return wrapper
 
     return decorate
+
+
+def check_symmetric(name: str, X, *, rtol: float = 1e-6):
+    """Return `X`, raising unless it is a finite symmetric matrix."""
+    X = finite(name, X)
+    if X.ndim != 2 or X.shape[0] != X.shape[1]:
+        raise ValueError(f"`{name}` must be a square matrix, got shape {X.shape}.")
+    tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
+    err = jnp.max(jnp.abs(X - X.T))
+    if is_concrete(X):
+        if float(err) > float(tol):
+            raise ValueError(f"`{name}` must be symmetric; max |X - X^T| = {err:.3g}.")
+        return X
+    return error_if(X, err > tol, f"`{name}` must be symmetric.")
+
+
+def check_key(key, name: str = "key"):
+    """`key` if it is one PRNG key: a typed key (`jax.random.key`) of shape `()`,
+    or a legacy raw key (`jax.random.PRNGKey`, uint32 of the default
+    implementation's shape); `ValueError` naming `name` otherwise (an int seed
+    would otherwise fail deep inside JAX's PRNG code)."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        if jnp.shape(key) == ():
+            return key
+    elif dtype == jnp.uint32 and jnp.shape(key) == _raw_key_shape():
+        return key
+    seed = isinstance(key, int | float | np.integer | np.floating)
+    raise ValueError(
+        f"`{name}` must be one PRNG key, `jax.random.key(seed)` (or a legacy "
+        f"`jax.random.PRNGKey(seed)`), got {key!r}"
+        + ("; pass jax.random.key(seed), not the seed." if seed else ".")
+    )
+
+
+@functools.cache
+def _raw_key_shape() -> tuple[int, ...]:
+    """The shape of a legacy key of the default PRNG implementation (abstractly
+    evaluated: nothing runs, and nothing at import time)."""
+    return tuple(jax.eval_shape(lambda: jr.key_data(jr.key(0))).shape)

@@ -1,6 +1,7 @@
-"""Small linear-algebra helpers shared across the package (private): the
-symmetric part, the Frobenius inner product, the PSD projection, the PSD
-square root with a derivative that stays finite at degenerate eigenvalues, and
+"""Small linear-algebra helpers shared across the package (a private module whose
+names other modules import): the symmetric part `sym`, the Frobenius inner
+product `frobenius`, the PSD projection `psd_project`, the PSD square root
+`psd_sqrt` with a derivative that stays finite at degenerate eigenvalues, and
 an LU solver differentiated implicitly."""
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import jax.numpy as jnp
 
 
 @jax.custom_jvp
-def _psd_sqrt(M):
+def psd_sqrt(M):
     """The symmetric square root of a symmetric PSD matrix (negative eigenvalues
     from roundoff are clipped to zero)."""
     w, V = jnp.linalg.eigh(M)
     return (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
 
 
-@_psd_sqrt.defjvp
+@psd_sqrt.defjvp
 def _psd_sqrt_jvp(primals, tangents):
     # The Frechet derivative solves the Sylvester equation S dS + dS S = dM:
     # dS = V [ (V^T dM V)_ij / (s_i + s_j) ] V^T. Unlike differentiating `eigh`
@@ -38,21 +39,21 @@ def _psd_sqrt_jvp(primals, tangents):
 # Small helpers
 
 
-def _sym(X):
+def sym(X):
     return 0.5 * (X + X.T)
 
 
-def _inner(X, Y):
+def frobenius(X, Y):
     return jnp.sum(X * Y)
 
 
-def _psd_project(X):
+def psd_project(X):
     """The nearest PSD matrix in Frobenius norm: clip the eigenvalues at zero."""
-    w, V = jnp.linalg.eigh(_sym(X))
+    w, V = jnp.linalg.eigh(sym(X))
     return (V * jnp.maximum(w, 0.0)[None, :]) @ V.T
 
 
-def _lu_solver(A):
+def lu_solver(A):
     """`b -> A^{-1} b` with one LU factorisation of `A` (shape `(n, n)`), shared
     by every stage of a step. `jax.lax.custom_linear_solve` differentiates the
     solve implicitly (`dx = A^{-1}(db - dA x)`, transposed with the same factors)

@@ -1,13 +1,13 @@
 """The `nqfjax` command: a thin shell over the library.
 
-`nqfjax demo` calls `nqfjax.run_demo`; `nqfjax sweep` calls `nqfjax.load_sweep_config`
-and `nqfjax.run_sweep_config`; `nqfjax fit` calls `nqfjax.fit_curve_file`. Every
-command checks its output folder before any work. Bad input (a malformed config
-or CSV, a truncated, damaged or mis-encoded input file, an output folder that
-cannot be written, a checkpoint from another configuration or one that cannot
-be read) ends with a one-line
-`nqfjax: error: ...` on stderr and exit status 2; an interrupt (SIGINT, Ctrl-C)
-with exit status 130, a sweep's checkpoint whole.
+`nqfjax demo` calls `run_demo`; `nqfjax sweep` calls `load_sweep_config` and
+`run_sweep_config`; `nqfjax fit` calls `fit_curve_file`; `nqfjax predict` calls
+`predict_file`, all from `nqfjax.experiments`. Every command checks its output
+folder before any work. Bad input (a malformed config or CSV, a truncated,
+damaged or mis-encoded input file, an output folder that cannot be written, a
+checkpoint from another configuration or one that cannot be read) ends with a
+one-line `nqfjax: error: ...` on stderr and exit status 2; an interrupt
+(SIGINT, Ctrl-C) with exit status 130, a sweep's checkpoint whole.
 """
 
 import argparse
@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 
 import nqfjax
+from nqfjax import experiments
 from nqfjax.experiments.predict_file import DEFAULT_WIDTH
 from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
@@ -267,7 +268,7 @@ def _demo(args) -> None:
     # become garbage: keeping them out of the collector's full passes saves
     # ~0.4 s of a quick run (measured)
     gc.freeze()
-    report = nqfjax.run_demo(args.out, quick=args.quick, progress=True)
+    report = experiments.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
     for check in report.get("checks", []):
@@ -287,12 +288,12 @@ def _demo(args) -> None:
 
 def _sweep(args) -> None:
     # validated before anything is written
-    config = nqfjax.load_sweep_config(args.config)
+    config = experiments.load_sweep_config(args.config)
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
     check_output_dir(out, "--out")
     # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
     with defer_interrupts():
-        summary = nqfjax.run_sweep_config(config, out, progress=not args.quiet)
+        summary = experiments.run_sweep_config(config, out, progress=not args.quiet)
     for note in summary["checkpoint_warnings"]:
         print(f"nqfjax: warning: {note}", file=sys.stderr)
     chunks, files, runs = summary["chunks"], summary["files"], summary["runs"]
@@ -329,7 +330,7 @@ def _fit(args) -> None:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
     check_output_dir(out, "--out")
-    summary = nqfjax.fit_curve_file(
+    summary = experiments.fit_curve_file(
         args.curve,
         out,
         time_column=args.time_column,
@@ -506,7 +507,7 @@ def _predict(args) -> None:
         raise ValueError("give a data file (DATA.npz or DATA.csv) or --dataset NAME.")
     name = args.dataset if args.data is None else args.data.stem
     out = args.out or Path("nqfjax-out") / f"predict-{name}"
-    summary = nqfjax.predict_file(
+    summary = experiments.predict_file(
         out,
         data=args.data,
         dataset=args.dataset,

@@ -36,7 +36,7 @@ def count_compiles():
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def random_input(structure: nqfjax.Structure, key, dtype=jnp.float64):
+def random_input(structure: nqfjax.AbstractStructure, key, dtype=jnp.float64):
     return jax.random.normal(key, structure.input_shape, dtype)
 
 

@@ -682,8 +682,8 @@ def no_work(monkeypatch):
     def work(*args, **kwargs):
         raise AssertionError("the work started before the output folder was checked")
 
-    for name in ("run_demo", "run_sweep_config", "fit_curve_file"):
-        monkeypatch.setattr(nqfjax, name, work)
+    for name in ("run_demo", "run_sweep_config", "fit_curve_file", "predict_file"):
+        monkeypatch.setattr(nqfjax.experiments, name, work)
     monkeypatch.setattr(sweep_run, "sweep", work)
 
 

@@ -9,7 +9,7 @@ import scipy.linalg
 
 import nqfjax
 import nqfjax.cli
-from nqfjax.analysis.spectrum import _spectrum_log_loss
+from nqfjax.analysis.spectrum import spectrum_log_loss
 
 
 def _logistic_power_law_loss(ts, p, alpha, beta, eps, eta=0.25):
@@ -279,7 +279,7 @@ def test_fit_spectrum_logistic_log_loss_does_not_underflow():
     direct, _ = _logistic_power_law_loss(ts, p, LV_ALPHA, LV_BETA, eps)
     assert np.all(direct == 0)  # the direct sum underflows
     log_loss = jax.jit(
-        lambda th: _spectrum_log_loss(th, jnp.asarray(ts), p, "logistic", None, p)
+        lambda th: spectrum_log_loss(th, jnp.asarray(ts), p, "logistic", None, p)
     )
     lam, mstar, r = p**-LV_ALPHA, p**-LV_BETA, p ** -(LV_ALPHA + LV_BETA)
     expected = np.log(lam / 2) + 2 * (np.log(mstar) + np.log(mstar / eps - 1) - r * ts)
@@ -382,7 +382,7 @@ def test_cli_fit_rejects_bad_total_modes(tmp_path, capsys, value):
     assert len(err) == 1 and "--total-modes" in err[0] and value in err[0], err
     assert not out.exists()  # rejected before any work
     with pytest.raises(ValueError, match="total_modes"):
-        nqfjax.analyse_curve(TS, 1 / TS, modes=4, total_modes=float(value))
+        nqfjax.experiments.analyse_curve(TS, 1 / TS, modes=4, total_modes=float(value))
 
 
 # --------------------------------------------------------------------------------
@@ -460,7 +460,7 @@ def test_two_mode_curve_is_a_staircase_without_power_law():
     loss = (0.01 + 0.38 * g1**2 + 0.11 * g2**2) * np.exp(
         0.03 * rng.standard_normal(ts.size)
     )
-    summary, _ = nqfjax.analyse_curve(ts, loss, modes=4, total_modes=4)
+    summary, _ = nqfjax.experiments.analyse_curve(ts, loss, modes=4, total_modes=4)
     assert summary["plateaus"]["count"] == 3
     assert summary["model"]["best"] == "staircase", summary["model"]
     assert summary["power_law"]["found"] is False

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import nqfjax
-from nqfjax._linalg import _psd_sqrt
+from nqfjax._linalg import psd_sqrt
 
 
 P, NT, TOL = 5, 64, 1e-10
@@ -218,7 +218,7 @@ def test_psd_sqrt_derivative_degenerate():
     base = Q * np.array([2.0, 2.0, 1.0, 0.0]) @ Q.T  # degenerate and singular
 
     def f(sig):
-        return _psd_sqrt(sig**2 * jnp.asarray(base))
+        return psd_sqrt(sig**2 * jnp.asarray(base))
 
     d = jax.jacfwd(f)(1.3)
     exact = Q * np.sqrt([2.0, 2.0, 1.0, 0.0]) @ Q.T

@@ -249,7 +249,9 @@ def test_cli_default_width(capsys):
     # the command and `predict_file` share one default, 64 units (the measured
     # choice: at width 4 the real perceptron missed wine's switch-ons by 26-47%,
     # at 64 by 0.5%); the end-to-end run below checks that it is the one used
-    default = inspect.signature(nqfjax.predict_file).parameters["width"].default
+    default = (
+        inspect.signature(nqfjax.experiments.predict_file).parameters["width"].default
+    )
     assert default == 64
     assert nqfjax.cli._parser().parse_args(["predict", "d.npz"]).width == default
     with pytest.raises(SystemExit):

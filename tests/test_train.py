@@ -154,7 +154,7 @@ def test_layer_offset_is_an_offset_of_the_target(getkey):
     identical to training the same layer without the offset on y, and its
     quadratic model (f(x; 0) + Tr[W W^T A]) does the same."""
 
-    class Shifted(nqfjax.Structure):
+    class Shifted(nqfjax.AbstractStructure):
         base: nqfjax.QuadraticNet
         k: int = eqx.field(static=True, default=1)
 

@@ -1,4 +1,5 @@
-"""Robust least squares in log loss shared by the curve fits (private)."""
+"""Robust least squares in log loss shared by the curve fits (a private module
+whose names the fits import)."""
 
 import equinox as eqx
 import jax
@@ -15,7 +16,7 @@ from .._checks import check_ndim, check_shape, finite, increasing
 # helpers shared by both fits
 
 
-def _host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
+def host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
     """Validate an observed loss curve (concrete arrays) and return it as float64
     NumPy arrays."""
     t = np.asarray(ts, dtype=np.float64)
@@ -29,7 +30,7 @@ def _host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
     return t, y
 
 
-def _log_noise(ly: np.ndarray) -> float:
+def log_noise(ly: np.ndarray) -> float:
     r"""The scatter of `log L` about a smooth curve: $1.4826\,\mathrm{MAD}$ of the
     second differences over $\sqrt 6$ (white noise of standard deviation
     $\sigma$ has second differences of variance $6\sigma^2$; the median ignores
@@ -57,7 +58,7 @@ def _block_levels(t: np.ndarray, ly: np.ndarray, n_blocks: int = 10):
     return np.array(levels), np.array(counts)
 
 
-def _nothing_to_fit(t: np.ndarray, y: np.ndarray) -> str:
+def nothing_to_fit(t: np.ndarray, y: np.ndarray) -> str:
     """Why a curve has nothing to fit, or "" if it has something: fewer than 6
     positive values (an all-zero loss), or a loss that does not fall: the median
     of `log L` over its first block (of `_block_levels`) is not above the lowest
@@ -69,7 +70,7 @@ def _nothing_to_fit(t: np.ndarray, y: np.ndarray) -> str:
         return f"nothing to fit: the loss is {what} (a log-scale fit needs 6)"
     ly = np.log(y[pos])
     levels, counts = _block_levels(t[pos], ly)
-    noise = _log_noise(ly)
+    noise = log_noise(ly)
     se = 1.2533 * noise * np.sqrt(1 / counts[0] + 1 / counts)
     threshold = np.maximum(0.05, 4 * se)
     if np.any(levels[0] - levels > threshold):
@@ -172,7 +173,7 @@ def _levenberg_marquardt(residual_fn, weights, delta, theta, J, steps):
     return theta + z / d
 
 
-def _least_squares(residual_fn, weights, delta, theta, adam_steps, lm_steps, lr):
+def robust_least_squares(residual_fn, weights, delta, theta, adam_steps, lm_steps, lr):
     r"""Minimise the weighted mean Huber loss of `residual_fn(theta)`:
     `adam_steps` of Adam (optax, cosine decay) to find the basin, then at most
     `lm_steps` of Levenberg-Marquardt (`optimistix.LevenbergMarquardt` inside
@@ -206,7 +207,7 @@ def _least_squares(residual_fn, weights, delta, theta, adam_steps, lm_steps, lr)
     return _Best(theta, jnp.where(ok, value, jnp.inf), res, J)
 
 
-def _laplace_cov(best: _Best, weights):
+def laplace_cov(best: _Best, weights):
     r"""Gauss-Newton covariance $s^2 (J^\top W J)^{+}$ at the optimum, with
     $s^2 = \sum w \rho^2 / (n - k)$ (pseudo-inverse: an unidentifiable
     direction, such as `L_inf` at zero, does not inflate the others)."""

@@ -20,12 +20,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from ._least_squares import (
-    _host_curve,
-    _laplace_cov,
-    _least_squares,
-    _nothing_to_fit,
+    host_curve,
+    laplace_cov,
+    nothing_to_fit,
+    robust_least_squares,
 )
-from .spectrum import _check_n_modes, _default_starts, _spectrum_log_loss
+from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
 
 
 #: The model's own error in `log L` that the band always allows for: the
@@ -85,7 +85,7 @@ class Forecast(eqx.Module):
 def _log_model(theta, ts, p: int, n_modes):
     """`log L(ts)` at `theta = (alpha, beta, log eps, log rate, log A, log
     L_inf)`: the spectrum (closed-form logistic modes) plus the floor."""
-    spectrum = _spectrum_log_loss(theta[:5], ts, p, "logistic", None, n_modes)
+    spectrum = spectrum_log_loss(theta[:5], ts, p, "logistic", None, n_modes)
     return jnp.logaddexp(theta[5], spectrum)
 
 
@@ -100,11 +100,11 @@ def _fit(ts, y, weights, starts, p: int, n_modes, steps: int):
         return _log_model(theta, ts, p, n_modes) - y
 
     fits = jax.vmap(
-        lambda th: _least_squares(residual, weights, 0.1, th, steps, 30, 0.03)
+        lambda th: robust_least_squares(residual, weights, 0.1, th, steps, 30, 0.03)
     )(starts)
     best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
     rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
-    return best.theta, _laplace_cov(best, weights), rms
+    return best.theta, laplace_cov(best, weights), rms
 
 
 @eqx.filter_jit
@@ -128,7 +128,7 @@ def _refits(ts, y, weights, theta, at, p: int, n_modes):
         def residual(th):
             return _log_model(th, ts, p, n_modes) - y
 
-        best = _least_squares(residual, w, 0.1, theta, 0, 30, 0.03)
+        best = robust_least_squares(residual, w, 0.1, theta, 0, 30, 0.03)
         curve = _log_model(best.theta, at, p, n_modes)
         return jnp.where(jnp.isfinite(best.value), curve, jnp.nan)
 
@@ -218,7 +218,7 @@ def forecast(
     **Raises:** `ValueError` for a malformed curve, `until <= ts[-1]`, fewer than
     8 positive points, or bad options.
     """
-    t, y = _host_curve(ts, loss)
+    t, y = host_curve(ts, loss)
     until = float(until)
     if not (np.isfinite(until) and until > t[-1]):
         raise ValueError(f"`until` must be after the last time {t[-1]:g}, got {until}.")
@@ -226,7 +226,7 @@ def forecast(
         raise ValueError(f"`level` must be in (0, 1), got {level}.")
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"`p` must be a positive int, got {p!r}.")
-    n_modes = _check_n_modes(n_modes, int(p))
+    n_modes = check_n_modes(n_modes, int(p))
     if int(n_windows) < 1 or not 0 <= shrink < 1:
         raise ValueError(
             f"`n_windows` must be >= 1 and `shrink` in [0, 1), got {n_windows}, "
@@ -238,14 +238,14 @@ def forecast(
         max(t[-1], t[t > 0][0] if np.any(t > 0) else 1.0), until, n_points
     )
     dtype = jnp.result_type(float)
-    nothing = _nothing_to_fit(t, y)
+    nothing = nothing_to_fit(t, y)
     if nothing:
         return _nothing(grid, t[-1], nothing, dtype)
     use = y > 0
     if use.sum() < 8:
         raise ValueError(f"need at least 8 positive points, got {int(use.sum())}.")
     ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
-    starts = _default_starts(t, y, use, int(p), n_modes)
+    starts = spectrum_starts(t, y, use, int(p), n_modes)
     floors = np.log(np.min(y[use])) + np.log([1e-8, 0.3])
     starts = np.concatenate(
         [np.column_stack([starts, np.full(len(starts), f)]) for f in floors]

@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing, loglog_slope
-from ._least_squares import _log_noise
+from ._least_squares import log_noise
 
 
 # ---------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def detect_plateaus(
         )
     u = np.log10(ts)
     y_raw = np.log(np.maximum(loss, floor))
-    sigma = _log_noise(y_raw)
+    sigma = log_noise(y_raw)
     if min_samples is None:
         min_samples = int(np.clip(np.ceil((sigma / 0.04) ** 2), 3, 9))
     grid, y, se = _local_levels(u, y_raw, smooth, int(min_samples), int(n_grid), sigma)

@@ -12,10 +12,10 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._curves import loglog_slope
 from ._least_squares import (
-    _host_curve,
-    _laplace_cov,
-    _least_squares,
-    _nothing_to_fit,
+    host_curve,
+    laplace_cov,
+    nothing_to_fit,
+    robust_least_squares,
 )
 from .plateaus import detect_plateaus
 
@@ -192,11 +192,13 @@ def _fit_power_law_core(u, y, weights, theta0, delta, lr, steps, polish):
     # one after another is about as fast (measured: 64 fits of one curve 151 ms
     # against 210 ms batched; the demo's 192 refits 0.49 s against 0.27 s)
     fits = jax.lax.map(
-        lambda th: _least_squares(residual, weights, delta, th, steps, polish, lr),
+        lambda th: robust_least_squares(
+            residual, weights, delta, th, steps, polish, lr
+        ),
         theta0,
     )
     best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
-    cov = _laplace_cov(best, weights)
+    cov = laplace_cov(best, weights)
     gamma_err = jnp.exp(best.theta[3]) * jnp.sqrt(cov[3, 3])
     rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
     return best.theta, gamma_err, rms
@@ -212,7 +214,7 @@ def _refit_gamma(u, ys, weights, theta, delta, polish):
             return _log_model(th, u) - y
 
         return jnp.exp(
-            _least_squares(residual, w, delta, theta, 0, polish, 0.0).theta[3]
+            robust_least_squares(residual, w, delta, theta, 0, polish, 0.0).theta[3]
         )
 
     return jax.lax.map(lambda yw: one(*yw), (ys, weights))  # see above: not vmap
@@ -224,7 +226,7 @@ def _refit_gamma(u, ys, weights, theta, delta, polish):
 _LENGTH = 512
 
 
-def _binned(t, ly):
+def log_bins(t, ly):
     """The window's points as at most `_LENGTH` bins equally spaced in `log t`
     (a point at `t = 0` on its own): the mean of `log L` in each, weighted by its
     count (the same least-squares problem for a model smooth within a bin),
@@ -250,7 +252,7 @@ def _binned(t, ly):
     return mean_t, mean_ly, count[full].astype(float), within
 
 
-def _pad(*arrays):
+def pad_bins(*arrays):
     """`arrays` padded to `_LENGTH` with their last value (weights: pass zeros
     separately)."""
     return [np.concatenate([a, np.full(_LENGTH - a.size, a[-1])]) for a in arrays]
@@ -410,7 +412,7 @@ def fit_power_law(
     negative `ts`, bad options, or fewer than 6 positive points in a given
     window.
     """
-    t, y = _host_curve(ts, loss)
+    t, y = host_curve(ts, loss)
     if uncertainty not in ("systematic", "laplace", "bootstrap"):
         raise ValueError(
             "`uncertainty` must be 'systematic', 'laplace' or 'bootstrap', got "
@@ -424,7 +426,7 @@ def fit_power_law(
             raise ValueError(
                 f"`window` must be (t_lo, t_hi) with t_lo < t_hi, got {window}."
             )
-    nothing = _nothing_to_fit(t, y)
+    nothing = nothing_to_fit(t, y)
     if nothing:
         return _no_power_law(nothing, uncertainty)
     if window is None:
@@ -443,15 +445,15 @@ def fit_power_law(
     # `_LENGTH` with zero weights (one compilation for every curve).
     t_ref = t[sel][-1]
     l_ref = np.exp(np.mean(np.log(y[sel])))
-    tb, lyb, wb, within = _binned(t[sel] / t_ref, np.log(y[sel] / l_ref))
+    tb, lyb, wb, within = log_bins(t[sel] / t_ref, np.log(y[sel] / l_ref))
     m = tb.size
-    u, ly = _pad(tb, lyb)
+    u, ly = pad_bins(tb, lyb)
     w = np.concatenate([wb, np.zeros(_LENGTH - m)])
     key = jax.random.key(0) if key is None else key
     key_starts, key_boot = jax.random.split(key)
     dtype = jnp.result_type(float)
     u_j, y_j, w_j = (jnp.asarray(a, dtype) for a in (u, ly, w))
-    theta0 = _starts(u, ly, w > 0, n_starts, key_starts)
+    theta0 = power_law_starts(u, ly, w > 0, n_starts, key_starts)
     theta, gamma_err, rms = _fit_power_law_core(
         u_j, y_j, w_j, jnp.asarray(theta0, dtype), huber_delta, learning_rate, steps, 30
     )
@@ -511,7 +513,7 @@ def _resampled_error(
     return jnp.std(boot, ddof=1)
 
 
-def _starts(u, ly, sel, n_starts: int, key) -> np.ndarray:
+def power_law_starts(u, ly, sel, n_starts: int, key) -> np.ndarray:
     """`n_starts` starting points, shape `(n_starts, 4)`: the first from a
     log-log regression on the window (positive times), the others random
     perturbations of it."""

@@ -26,9 +26,9 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from .._curves import first_crossing
-from ._least_squares import _host_curve, _least_squares, _log_noise, _nothing_to_fit
+from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
 from .plateaus import detect_plateaus
-from .power_law import _binned, _pad, _starts, fit_power_law
+from .power_law import fit_power_law, log_bins, pad_bins, power_law_starts
 
 
 #: The most modes a staircase candidate has (one compilation for every curve).
@@ -88,7 +88,7 @@ def _fit_candidates(u, y, weights, thetas, modes, power):
         def residual(th):
             return _log_model(th, u, m, p) - y
 
-        best = _least_squares(residual, weights, 0.1, theta, 400, 100, 0.03)
+        best = robust_least_squares(residual, weights, 0.1, theta, 400, 100, 0.03)
         return best.theta, jnp.sum(weights * best.res**2)
 
     return jax.vmap(one)(thetas, modes, power)
@@ -130,8 +130,8 @@ def select_model(
 
     **Raises:** `ValueError` for a malformed curve.
     """
-    t, y = _host_curve(ts, loss)
-    nothing = _nothing_to_fit(t, y)
+    t, y = host_curve(ts, loss)
+    nothing = nothing_to_fit(t, y)
     if nothing:
         return ModelSelection("", "", "", "BIC", {}, {}, 0, reason=nothing)
     pos = y > 0
@@ -154,7 +154,7 @@ def select_model(
     names.append(_NAMES[0])
     # the power law on the whole curve, from a log-log regression
     u, ly = t / t_ref, np.log(y / l_ref)
-    start = _starts(u, ly, np.ones(t.size, bool), 1, jax.random.key(0))[0]
+    start = power_law_starts(u, ly, np.ones(t.size, bool), 1, jax.random.key(0))[0]
     thetas.append(np.concatenate([start, np.zeros(3 * _MAX_MODES)]))
     modes.append(np.zeros(_MAX_MODES, bool))
     power.append(1.0)
@@ -188,7 +188,7 @@ def select_model(
             names.append(_NAMES[2])
     chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names)
     # a winner that misses the curve far beyond its noise is no answer
-    noise = _log_noise(np.log(y))
+    noise = log_noise(np.log(y))
     if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
         reason = (
             f"no shape fits: the best, {chosen.best}, misses by an rms of "
@@ -216,9 +216,9 @@ def _law_start(fit, t_ref, l_ref):
 
 def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
     """Fit the candidates and rank them by BIC."""
-    tb, lyb, wb, within = _binned(t / t_ref, np.log(y / l_ref))
+    tb, lyb, wb, within = log_bins(t / t_ref, np.log(y / l_ref))
     m = tb.size
-    u, ly = _pad(tb, lyb)
+    u, ly = pad_bins(tb, lyb)
     w = np.concatenate([wb, np.zeros(u.size - m)])
     dtype = jnp.result_type(float)
     k = len(names)

@@ -47,11 +47,11 @@ from ..tasks.interactions import DiagonalInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..theory.power_law import power_law_exponent
 from ._least_squares import (
-    _host_curve,
-    _laplace_cov,
-    _least_squares,
-    _log_noise,
-    _nothing_to_fit,
+    host_curve,
+    laplace_cov,
+    log_noise,
+    nothing_to_fit,
+    robust_least_squares,
 )
 
 
@@ -121,7 +121,7 @@ class SpectrumFit(eqx.Module):
         """The fitted model's loss curve at times `ts` (same `method`)."""
         ts = jnp.asarray(ts, self.alpha.dtype)
         n_modes = self.p if self.n_modes is None else self.n_modes
-        log_loss = eqx.filter_jit(_spectrum_log_loss)(
+        log_loss = eqx.filter_jit(spectrum_log_loss)(
             self.theta, ts, self.p, self.method, None, n_modes
         )
         return jnp.exp(log_loss)
@@ -225,7 +225,7 @@ def _log_tail(theta, ts, p: int, n_modes):
     return float(np.log(0.5)) + log_int
 
 
-def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
+def spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
     r"""`log L(ts)` of the power-law LV model at `theta = (alpha, beta, log eps,
     log rate, log A)`: `p` explicit modes plus, if `n_modes > p`, the continuum
     tail of `_log_tail`.
@@ -261,24 +261,24 @@ def _spectrum_log_loss(theta, ts, p: int, method: str, solve_options, n_modes):
 
 @eqx.filter_jit
 def _fit_spectrum_core(ts, y, weights, theta0, delta, lr, steps, polish, method, opts):
-    """Fit from every start (`_least_squares`, vmapped) and keep the best; its
+    """Fit from every start (`robust_least_squares`, vmapped) and keep the best; its
     Laplace covariance and RMS log-residual."""
     p = opts["p"]
     n_modes = opts["n_modes"]
     solve_options = opts["solve"]
 
     def residual(theta):
-        return _spectrum_log_loss(theta, ts, p, method, solve_options, n_modes) - y
+        return spectrum_log_loss(theta, ts, p, method, solve_options, n_modes) - y
 
     fits = jax.vmap(
-        lambda th: _least_squares(residual, weights, delta, th, steps, polish, lr)
+        lambda th: robust_least_squares(residual, weights, delta, th, steps, polish, lr)
     )(theta0)
     best = jax.tree.map(lambda x: x[jnp.argmin(fits.value)], fits)
     rms = jnp.sqrt(jnp.sum(weights * best.res**2) / jnp.sum(weights))
-    return best.theta, _laplace_cov(best, weights), rms, fits.value
+    return best.theta, laplace_cov(best, weights), rms, fits.value
 
 
-def _check_n_modes(n_modes, p: int) -> int | float:
+def check_n_modes(n_modes, p: int) -> int | float:
     """`n_modes` as an int `>= p` or `inf` (`None` means `p`)."""
     if n_modes is None:
         return p
@@ -295,7 +295,7 @@ def _check_n_modes(n_modes, p: int) -> int | float:
     return int(n_modes)
 
 
-def _default_starts(t, y, use, p: int, n_modes) -> np.ndarray:
+def spectrum_starts(t, y, use, p: int, n_modes) -> np.ndarray:
     """A grid of 8 starts over `(alpha, beta, eps)`, shape `(8, 5)`: the amplitude
     `A` from the initial loss, the rate from the first drop (where the loss
     falls below 3/4 of its start): `rho t_1 ~ ln(1/eps)`."""
@@ -443,11 +443,11 @@ def fit_spectrum(
     fewer than 8 usable points, or an unknown `method`; `RuntimeError` if the
     model cannot be evaluated from any start (every solve failed).
     """
-    t, y = _host_curve(ts, loss)
+    t, y = host_curve(ts, loss)
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"`p` must be a positive int, got {p!r}.")
     p = int(p)
-    n_modes = _check_n_modes(n_modes, p)
+    n_modes = check_n_modes(n_modes, p)
     if method not in ("solve_lv", "logistic"):
         raise ValueError(f"`method` must be 'solve_lv' or 'logistic', got {method!r}.")
     dtype = jnp.result_type(float)
@@ -457,10 +457,10 @@ def fit_spectrum(
             f"need at least 8 points with loss > rel_floor * max(loss), got "
             f"{int(use.sum())}."
         )
-    nothing = _nothing_to_fit(t, y)
+    nothing = nothing_to_fit(t, y)
     if nothing:
         return _not_found(p, method, n_modes, nothing, dtype)
-    starts = _default_starts(t, y, use, p, n_modes) if starts is None else starts
+    starts = spectrum_starts(t, y, use, p, n_modes) if starts is None else starts
     starts = np.asarray(starts, dtype=np.float64)
     if starts.ndim != 2 or starts.shape[1] != 5 or not np.all(np.isfinite(starts)):
         raise ValueError(
@@ -495,7 +495,7 @@ def fit_spectrum(
         gamma = power_law_exponent(alpha, beta, "rich")
     except ValueError:
         gamma = float("nan")
-    reason = _refusal(beta, float(rms), _log_noise(ly[use]))
+    reason = _refusal(beta, float(rms), log_noise(ly[use]))
     return SpectrumFit(
         alpha=theta[0],
         beta=theta[1],

@@ -103,7 +103,7 @@ def check_times(ts: ArrayLike, dtype, t0: float | None):
     return _traced_check(ts, bad, start_msg), t_start
 
 
-def _tolerance_checks(rtol, atol) -> list[tuple[Array, str]]:
+def tolerance_checks(rtol, atol) -> list[tuple[Array, str]]:
     """Eager `ValueError` for a negative or non-finite `rtol`/`atol` (or both 0);
     for traced ones the `(bad, message)` pairs to check at run time."""
     pending = []
@@ -139,7 +139,7 @@ def step_size_controller(
     if controller is None:
         rtol = defaults[0] if rtol is None else rtol
         atol = defaults[1] if atol is None else atol
-        pending = _tolerance_checks(rtol, atol)
+        pending = tolerance_checks(rtol, atol)
         kwargs = {} if norm is None else {"norm": norm}
         return diffrax.PIDController(rtol=rtol, atol=atol, **kwargs), pending
     if rtol is not None or atol is not None:
@@ -153,7 +153,7 @@ def step_size_controller(
             f"{type(controller)}."
         )
     if hasattr(controller, "rtol") and hasattr(controller, "atol"):
-        return controller, _tolerance_checks(controller.rtol, controller.atol)
+        return controller, tolerance_checks(controller.rtol, controller.atol)
     return controller, []
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._linalg import _lu_solver
+from .._linalg import lu_solver
 from ..tasks.interactions import (
     AbstractInteractions,
     DenseInteractions,
@@ -520,7 +520,7 @@ class LVRosenbrock(diffrax.AbstractAdaptiveSolver):
             eye = jnp.eye(y0.shape[0], dtype=dtype)
             jac = jax.jacfwd(lambda y: f(t0, y))(y0).astype(dtype)
             _, ft = jax.jvp(lambda t: f(t, y0), (t0,), (jnp.ones_like(t0),))
-            solve = _lu_solver(eye - gh * jac)
+            solve = lu_solver(eye - gh * jac)
             return (lambda b: solve(gh * b)), ft.astype(dtype)
         y_max = exponent_clip(dtype) if self.y_max is None else self.y_max
         m = jnp.exp(jnp.minimum(y0, y_max))

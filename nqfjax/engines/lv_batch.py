@@ -23,7 +23,7 @@ from jaxtyping import ArrayLike, Float
 from .._checks import error_if, is_concrete, static_int
 from ..tasks.interactions import DiagonalInteractions, LowRankInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
-from ._integrate import Solution, _tolerance_checks, check_times
+from ._integrate import Solution, check_times, tolerance_checks as _tolerance_checks
 from ._rosenbrock import (
     RODAS4,
     _combine,

@@ -20,7 +20,7 @@ from .._checks import (
     renamed_keywords,
     symmetric_psd,
 )
-from .._linalg import _psd_sqrt
+from .._linalg import psd_sqrt
 from ..tasks.base import Task
 from ._integrate import (
     Solution,
@@ -57,7 +57,7 @@ def _default_tolerances(dtype) -> tuple[float, float]:
 
 def _initial_factor(M0):
     """`(log |W0|_F, W0 / |W0|_F)` for the symmetric square root `W0` of `M0`."""
-    W0 = _psd_sqrt(0.5 * (M0 + M0.T))
+    W0 = psd_sqrt(0.5 * (M0 + M0.T))
     norm0 = jnp.sqrt(jnp.sum(W0**2))
     if is_concrete(norm0) and not float(norm0) > 0:
         raise ValueError("`M0` must be nonzero (M = 0 is a fixed point of the flow).")

@@ -43,13 +43,13 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._checks import check_shape, error_if, positive, static_int
 from ..tasks.gaussian import GaussianQuadraticTask
 from .sgd_moments import (
-    _check_batch_sizes,
-    _check_factor,
-    _modes,
-    _Moments,
-    _noise_factor,
-    _residual_moment,
-    _task_moments,
+    Moments,
+    check_batch_sizes,
+    check_divergence_factor,
+    noise_factor,
+    residual_moment,
+    task_modes,
+    task_moments,
 )
 
 
@@ -120,7 +120,7 @@ def sgd_divergence_boundary(
     `num_steps` or `iterations`, and (also under `jit`, through
     `eqx.error_if`) when `learning_rate_bounds` does not bracket the boundary.
     """
-    U, s_np, mu_np = _modes(task)
+    U, s_np, mu_np = task_modes(task)
     d = s_np.shape[0]
     m0 = jnp.asarray(m0)
     b = jnp.asarray(batch_size)
@@ -131,9 +131,9 @@ def sgd_divergence_boundary(
     num_steps = static_int("num_steps", num_steps)
     paths = static_int("paths", paths)
     iterations = static_int("iterations", iterations, minimum=0)
-    factor = _check_factor(divergence_factor)
-    mom, n = _task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
-    b = _check_batch_sizes(b.astype(dtype), n)
+    factor = check_divergence_factor(divergence_factor)
+    mom, n = task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
+    b = check_batch_sizes(b.astype(dtype), n)
     if learning_rate_bounds is not None:
         bounds = jnp.asarray(learning_rate_bounds, dtype)
         check_shape("learning_rate_bounds", bounds, (2,))
@@ -146,7 +146,7 @@ def sgd_divergence_boundary(
 
 @eqx.filter_jit
 def _boundary(mom, n, b, m0, key, bounds, paths, num_steps, iterations, factor):
-    c = _noise_factor(b, n)
+    c = noise_factor(b, n)
     if bounds is None:
         flip = _flip_learning_rate(mom)
         bounds = jnp.stack([flip / 8, 4 * flip])
@@ -154,7 +154,7 @@ def _boundary(mom, n, b, m0, key, bounds, paths, num_steps, iterations, factor):
     return _bisect(mom, c, m0, noise, bounds, iterations, factor)
 
 
-def _flip_learning_rate(mom: _Moments):
+def _flip_learning_rate(mom: Moments):
     """$1/(2\\lambda_{\\max})$, $\\lambda_{\\max}$ the top eigenvalue of
     $\\mathrm{diag}(\\hat m) F_4$ at the least-squares minimum $F_4 \\hat m =
     c_y$ (modes with $\\hat m_k < 0$, which the network cannot reach, set to 0):
@@ -164,7 +164,7 @@ def _flip_learning_rate(mom: _Moments):
     return 1.0 / (2 * jnp.linalg.eigvalsh(r[:, None] * mom.F4 * r[None, :])[-1])
 
 
-def _loss(mom: _Moments, m):
+def _loss(mom: Moments, m):
     return 0.5 * (m @ mom.F4 @ m - 2 * mom.cy @ m + mom.y2)
 
 
@@ -181,7 +181,7 @@ def _diverged_fraction(mom, c, m0, noise, eta, factor):
             m, out = carry
             g = mom.F4 @ m - mom.cy
             mm = jnp.outer(m, m)
-            cov = _residual_moment(mom, m, mm) - jnp.outer(g, g)
+            cov = residual_moment(mom, m, mm) - jnp.outer(g, g)
             # the covariance is PSD, but singular at a noiseless minimum, and it
             # is a difference of O(1) terms that rounds: factor it (Cholesky, ten
             # times cheaper than eigh here) with a jitter at the rounding level

@@ -107,7 +107,7 @@ def _wick4(d: int) -> np.ndarray:
     return np.rint(np.exp(logs.sum(axis=0))).reshape((d,) * 4)
 
 
-def _modes(task: GaussianQuadraticTask, rtol: float = 1e-6):
+def task_modes(task: GaussianQuadraticTask, rtol: float = 1e-6):
     """`(basis, s, mu)`: a common eigenbasis of `S` and `M_star`, and their
     eigenvalues in it; `ValueError` when `task` is not a Gaussian quadratic
     task or its two matrices do not commute."""
@@ -132,7 +132,7 @@ def _modes(task: GaussianQuadraticTask, rtol: float = 1e-6):
     return U, np.diag(s_mat), np.diag(m_mat)
 
 
-class _Moments(eqx.Module):
+class Moments(eqx.Module):
     """The input moments the step needs, in the mode basis (`x` in it):
     `F4[k, l] = E[x_k^2 x_l^2]`, `F8[i, j, k, l] = E[x_i^2 x_j^2 x_k^2 x_l^2]`,
     `cy[k] = E[y x_k^2]`, `Y6[i, k, l] = E[y x_i^2 x_k^2 x_l^2]`,
@@ -147,7 +147,7 @@ class _Moments(eqx.Module):
 
 
 @eqx.filter_jit
-def _gaussian_moments(s, mu, sigma2, dtype) -> _Moments:
+def _gaussian_moments(s, mu, sigma2, dtype) -> Moments:
     """The moments for `x ~ N(0, diag(s))`, `y = sum_k mu_k x_k^2 + xi` in closed
     form (Wick): `E[x_i^2 ... ] = s_i ... E[u_i ...]` with the chi^2_1 moments."""
     d = s.shape[0]
@@ -159,11 +159,11 @@ def _gaussian_moments(s, mu, sigma2, dtype) -> _Moments:
     Y6 = jnp.einsum("j,jikl->ikl", mu, F8)
     Y8 = jnp.einsum("i,j,ijkl->kl", mu, mu, F8) + sigma2 * F4
     y2 = mu @ F4 @ mu + sigma2
-    return _Moments(F4, F8, F4 @ mu, Y6, Y8, y2)
+    return Moments(F4, F8, F4 @ mu, Y6, Y8, y2)
 
 
 @eqx.filter_jit
-def _sample_moments(xs, ys, dtype) -> _Moments:
+def _sample_moments(xs, ys, dtype) -> Moments:
     """The empirical moments of samples `xs` (`(n, d)`, in the mode basis) and
     targets `ys` (`(n,)`)."""
     q = jnp.asarray(xs, dtype) ** 2
@@ -173,10 +173,10 @@ def _sample_moments(xs, ys, dtype) -> _Moments:
     F8 = jnp.einsum("ni,nj,nk,nl->ijkl", q, q, q, q) / n
     Y6 = jnp.einsum("n,ni,nk,nl->ikl", y, q, q, q) / n
     Y8 = jnp.einsum("n,nk,nl->kl", y**2, q, q) / n
-    return _Moments(F4, F8, q.T @ y / n, Y6, Y8, jnp.mean(y**2))
+    return Moments(F4, F8, q.T @ y / n, Y6, Y8, jnp.mean(y**2))
 
 
-def _residual_moment(mom: _Moments, m, second):
+def residual_moment(mom: Moments, m, second):
     """`E[e^2 x_k^2 x_l^2]`, shape `(d, d)`, for a residual whose mode amplitudes
     have mean `m` and second moments `second[i, j] = E[M_ii M_jj] + 2 E[dM_ij^2]`:
     matrix products with F8 and Y6 flattened (d^2 x d^2, d x d^2)."""
@@ -187,21 +187,21 @@ def _residual_moment(mom: _Moments, m, second):
     ).reshape(d, d) + mom.Y8
 
 
-def _noise_factor(b, n):
+def noise_factor(b, n):
     """`c_b = (n - b) / (b (n - 1))`: the variance of a minibatch mean of `b`
     draws without replacement from `n` samples, per unit of one sample's
     variance (`1 / b` for fresh samples, `n = None`)."""
     return 1.0 / b if n is None else (n - b) / (b * (n - 1))
 
 
-def _step(mom: _Moments, n, state, eta, b):
+def _step(mom: Moments, n, state, eta, b):
     """One step of the moment map: `(m, C, V) -> (m', C', V')`."""
     m, C, V = state
     d = m.shape[0]
     off = 1.0 - jnp.eye(d, dtype=m.dtype)
     g = mom.F4 @ m - mom.cy  # E[e x_k^2] = G_kk at the mean
-    E2 = _residual_moment(mom, m, jnp.outer(m, m) + C + 2 * V)
-    c = _noise_factor(b, n)
+    E2 = residual_moment(mom, m, jnp.outer(m, m) + C + 2 * V)
+    c = noise_factor(b, n)
     A = 1 - 2 * eta * g
     # -2 eta E[K[dM] dM + dM K[dM]]_kk: the fluctuations' share of the saturation
     saturation = 2 * jnp.sum(mom.F4 * V, axis=1) + jnp.sum(mom.F4 * C, axis=1)
@@ -219,7 +219,7 @@ def _step(mom: _Moments, n, state, eta, b):
     return (m_new, C_new, V_new)
 
 
-def _loss(mom: _Moments, state):
+def _loss(mom: Moments, state):
     """`(mean loss, fluctuation part)` of a state:
     `E L = (m^T F4 m - 2 cy.m + y2) / 2 + sum (C + 2 V) * F4 / 2`."""
     m, C, V = state
@@ -283,7 +283,7 @@ def sgd_moments(
     non-positive learning rates, batch sizes below 1 or above `num_samples`, a
     non-positive `m0` or a negative noise variance (`eqx.error_if` under `jit`).
     """
-    U, s_np, mu_np = _modes(task)
+    U, s_np, mu_np = task_modes(task)
     d = s_np.shape[0]
     eta = jnp.asarray(learning_rates)
     bs = jnp.asarray(batch_sizes)
@@ -296,11 +296,11 @@ def sgd_moments(
     eta = positive("learning_rates", eta.astype(dtype))
     bs = finite("batch_sizes", bs.astype(dtype))
     m0 = positive("m0", m0.astype(dtype))
-    factor = _check_factor(divergence_factor)
-    mom, num_samples = _task_moments(
+    factor = check_divergence_factor(divergence_factor)
+    mom, num_samples = task_moments(
         U, s_np, mu_np, noise_variance, samples, num_samples, dtype
     )
-    bs = _check_batch_sizes(bs, num_samples)
+    bs = check_batch_sizes(bs, num_samples)
     loss, m, fluct, diverged_at = _solve(mom, num_samples, eta, bs, m0, factor)
     return SGDMoments(
         loss=loss,
@@ -312,14 +312,14 @@ def sgd_moments(
     )
 
 
-def _check_factor(divergence_factor) -> float:
+def check_divergence_factor(divergence_factor) -> float:
     factor = float(divergence_factor)
     if not (np.isfinite(factor) and factor > 1):
         raise ValueError(f"`divergence_factor` must be > 1, got {divergence_factor}.")
     return factor
 
 
-def _task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype):
+def task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype):
     """`(moments, n)`: the input moments in the mode basis `U`, in closed form
     (Gaussian inputs with label-noise variance `noise_variance`) or from
     `samples = (xs, ys)`, and the dataset size minibatches are drawn from (`None`
@@ -347,7 +347,7 @@ def _task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype):
     return mom, num_samples
 
 
-def _check_batch_sizes(bs, n):
+def check_batch_sizes(bs, n):
     msg = "`batch_sizes` must be >= 1" + ("" if n is None else f" and <= {n}") + "."
     high = np.inf if n is None else n
     if is_concrete(bs):

@@ -1,6 +1,5 @@
 """W-space training: the real layer or its quadratic form, with any optax optimizer."""
 
-import functools
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -12,6 +11,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._checks import (
+    check_key,
     check_shape,
     finite,
     is_concrete,
@@ -19,7 +19,7 @@ from .._checks import (
     positive,
     static_int,
 )
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 
 
 _MODELS = ("layer", "quadratic")
@@ -88,7 +88,7 @@ def log_spaced_steps(num_steps: int, num_records: int) -> tuple[int, ...]:
 
 
 def train(
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
@@ -216,8 +216,10 @@ def train(
     `eqx.error_if` runtime error under `jit`/`vmap`.
     """
     # Long only for its docstring (the contract); the code is checks and one call.
-    if not isinstance(structure, Structure):
-        raise ValueError(f"`structure` must be an nqfjax.Structure, got {structure!r}.")
+    if not isinstance(structure, AbstractStructure):
+        raise ValueError(
+            f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
+        )
     if model not in _MODELS:
         raise ValueError(f"`model` must be one of {_MODELS}, got {model!r}.")
     num_steps = static_int("num_steps", num_steps, 1)
@@ -228,7 +230,7 @@ def train(
             f"{divergence_factor!r}."
         )
     if key is not None:
-        key = _check_key(key)
+        key = check_key(key)
     xs, ys, dtype = _check_data(structure, xs, ys, W0)
     n = xs.shape[0]
     W0, width, init_scale = _check_init(
@@ -274,32 +276,6 @@ def train(
 
 # --------------------------------------------------------------------------------
 # argument checks
-
-
-def _check_key(key, name: str = "key"):
-    """`key` if it is one PRNG key: a typed key (`jax.random.key`) of shape `()`,
-    or a legacy raw key (`jax.random.PRNGKey`, uint32 of the default
-    implementation's shape); `ValueError` naming `name` otherwise (an int seed
-    would otherwise fail deep inside JAX's PRNG code)."""
-    dtype = getattr(key, "dtype", None)
-    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
-        if jnp.shape(key) == ():
-            return key
-    elif dtype == jnp.uint32 and jnp.shape(key) == _raw_key_shape():
-        return key
-    seed = isinstance(key, int | float | np.integer | np.floating)
-    raise ValueError(
-        f"`{name}` must be one PRNG key, `jax.random.key(seed)` (or a legacy "
-        f"`jax.random.PRNGKey(seed)`), got {key!r}"
-        + ("; pass jax.random.key(seed), not the seed." if seed else ".")
-    )
-
-
-@functools.cache
-def _raw_key_shape() -> tuple[int, ...]:
-    """The shape of a legacy key of the default PRNG implementation (abstractly
-    evaluated: nothing runs, and nothing at import time)."""
-    return tuple(jax.eval_shape(lambda: jr.key_data(jr.key(0))).shape)
 
 
 def _check_data(structure, xs, ys, W0):

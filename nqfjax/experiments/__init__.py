@@ -1,2 +1,40 @@
-"""Drivers that combine the engines and write results: the demo, TOML sweeps, a
-user's curve, training methods, delayed generalisation, the finite-data map."""
+"""The command line's drivers: what `nqfjax demo`, `nqfjax sweep`, `nqfjax fit` and
+`nqfjax predict` run, so that a notebook or script can do the same.
+
+A driver combines the library's building blocks (engines, theory, analysis, the
+functions of `nqfjax` itself) for one command and writes its results: a report,
+figures, a summary. The building blocks that also live in this package
+(`predict`, `train_method`, `compare_methods`, the schedules, delayed
+generalisation, the finite-data map) are reached as `nqfjax.NAME`; only the
+drivers are reached here, as `nqfjax.experiments.NAME`.
+"""
+
+from .curve import (
+    Curve as Curve,
+    analyse_curve as analyse_curve,
+    fit_curve_file as fit_curve_file,
+    read_curve_csv as read_curve_csv,
+)
+from .demo import DemoConfig as DemoConfig, run_demo as run_demo
+from .predict_file import predict_file as predict_file
+from .sweep_config import (
+    SweepConfig as SweepConfig,
+    load_sweep_config as load_sweep_config,
+    parse_sweep_config as parse_sweep_config,
+)
+from .sweep_run import run_sweep_config as run_sweep_config
+
+
+__all__ = [
+    "Curve",
+    "DemoConfig",
+    "SweepConfig",
+    "analyse_curve",
+    "fit_curve_file",
+    "load_sweep_config",
+    "parse_sweep_config",
+    "predict_file",
+    "read_curve_csv",
+    "run_demo",
+    "run_sweep_config",
+]

@@ -13,13 +13,12 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import static_int
+from .._checks import check_key, static_int
 from .._curves import first_crossing
 from ..engines.clock import invert_clock
 from ..engines.lv import lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
-from ..engines.train import _check_key
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..tasks.sampled import task_from_samples
@@ -123,7 +122,7 @@ def switch_times_from_curves(
 
 def compare_methods(
     methods: Sequence[Method] | Mapping[str, Method],
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
@@ -224,7 +223,7 @@ def compare_methods(
         if record_at is None
         else np.asarray(record_at, int)
     )
-    key = jr.key(0) if key is None else _check_key(key)
+    key = jr.key(0) if key is None else check_key(key)
     ref = _reference(structure, xs, ys, W0, basis, weight_decay)
 
     def run(mth, k):

@@ -14,7 +14,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._checks import check_shape
 from .._curves import first_crossing, loglog_slope
 from ..engines.train import train
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..tasks.base import Task
 
 
@@ -35,6 +35,10 @@ def generalisation_delay(
     first time `test_loss < test_level` (interpolating $\log L$ linearly in
     $\log t$ between records); `delay = t_generalise - t_fit`. NaN when a level
     is never reached. Traceable (`jit`/`vmap`).
+
+    This only measures two curves you already have, from any source;
+    `delayed_generalisation` is the experiment that trains a network to produce
+    them and then calls this.
 
     **Arguments:**
 
@@ -80,7 +84,7 @@ class DelayResult(eqx.Module):
 
 
 def delayed_generalisation(
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     test_task: Task,
@@ -113,6 +117,9 @@ def delayed_generalisation(
     loss at `M = 0`: fitted when the training loss is below `fit_threshold`
     times $\tfrac1{2n}\sum_s |y_s|^2$, generalised when the test loss is below
     `test_threshold` times `test_task.y2 / 2`.
+
+    This is the whole experiment (training, then the measurement); to measure
+    the delay on curves you already have, call `generalisation_delay` on them.
 
     Traceable in `weight_decay`, `learning_rate`, `init_scale` and `key`, so
     `jax.vmap` and `nqfjax.sweep` map it over grids (the number of samples

@@ -14,10 +14,10 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import static_int
+from .._checks import check_key, static_int
 from ..engines.clock import check_momentum, clock
-from ..engines.train import TrainResult, _check_key, log_spaced_steps, train
-from ..structures.base import Structure
+from ..engines.train import TrainResult, log_spaced_steps, train
+from ..structures.base import AbstractStructure
 from ._optimizers import ALIASES, OPTIMIZERS, HeavyBall, optimizer_word
 
 
@@ -227,7 +227,7 @@ class Method(eqx.Module):
 
 def train_method(
     method: Method,
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
@@ -294,7 +294,7 @@ def train_method(
         if record_at is None
         else tuple(int(s) for s in record_at)
     )
-    key = jr.key(0) if key is None else _check_key(key)
+    key = jr.key(0) if key is None else check_key(key)
     pieces = _train_segments(
         method, structure, xs, ys, num_steps, record, key, jnp.asarray(W0), kw
     )

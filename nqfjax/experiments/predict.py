@@ -21,7 +21,7 @@ from .._checks import static_int
 from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, log_spaced_steps
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
 from .compare import switch_times_from_curves
 
@@ -247,7 +247,7 @@ def _time_grid(num_steps, num_records, ts):
 
 
 def predict(
-    structure: Structure,
+    structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
     ys: Float[ArrayLike, "n k"],
     *,
@@ -316,8 +316,10 @@ def predict(
     `task_from_samples`, `solve_mflow`, `lv_reduce` and the checks here);
     `NotReducibleError` for `engine="lv"` on data that do not reduce.
     """
-    if not isinstance(structure, Structure):
-        raise ValueError(f"`structure` must be an nqfjax.Structure, got {structure!r}.")
+    if not isinstance(structure, AbstractStructure):
+        raise ValueError(
+            f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
+        )
     if engine not in _ENGINES:
         raise ValueError(f"`engine` must be one of {_ENGINES}, got {engine!r}.")
     width = static_int("width", width, 1)

@@ -14,7 +14,7 @@ from ..data import load_data_file, load_dataset
 from ..engines.train import train
 from ..io import jsonable, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter, as_progress_meter
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
 from .predict import agreement, predict
@@ -33,7 +33,7 @@ DEFAULT_WIDTH = 64
 
 def structure_for_data(
     arch: str, xs: np.ndarray, ys: np.ndarray, arch_args: dict | None = None
-) -> Structure:
+) -> AbstractStructure:
     """The architecture `arch` (a name of the sweep configuration's table,
     `"perceptron"`, `"quadratic"`, `"conv1d"`, `"qk_attention"`, `"ov_attention"`,
     `"moe"`) sized for inputs `xs` (shape `(n, d)`, or `(n, T, d)` for attention)
@@ -83,7 +83,7 @@ def structure_for_data(
 
 
 def default_hyperparameters(
-    structure: Structure, xs, ys, init_scale: float, num_switches: int = 3
+    structure: AbstractStructure, xs, ys, init_scale: float, num_switches: int = 3
 ) -> tuple[float, int]:
     r"""`(learning_rate, num_steps)` for a prediction: the rate that makes the
     fastest linear growth rate $r_1 = 4\eta\lambda_1(C) = 0.01$ per step (small,

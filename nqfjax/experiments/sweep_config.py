@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..structures.registry import (
     make_structure,
     structure_arguments,
@@ -131,8 +131,8 @@ class SweepConfig:
             out["sweep"] = dict(self.sweep)
         return out
 
-    def structure(self, architecture: str) -> Structure:
-        """The `Structure` instance of one architecture of the grid."""
+    def structure(self, architecture: str) -> AbstractStructure:
+        """The `AbstractStructure` instance of one architecture of the grid."""
         return make_structure(architecture, **self.architectures.get(architecture, {}))
 
 

@@ -21,13 +21,13 @@ from .._curves import first_crossing
 from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter
-from ..structures.base import Structure
+from ..structures.base import AbstractStructure
 from ..sweep import defer_interrupts, grid_product, sweep
 from .predict import predict
 from .sweep_config import OPTIMIZERS, SweepConfig
 
 
-def _make_data(config: SweepConfig, structure: Structure, dtype):
+def _make_data(config: SweepConfig, structure: AbstractStructure, dtype):
     """Gaussian inputs and the targets of a teacher of the same architecture:
     `ys = layer(W*, x) - layer(0, x) + noise`, `W* = teacher_scale * N(0, 1)`."""
     data = config.data

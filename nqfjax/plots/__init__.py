@@ -17,27 +17,49 @@ its range (its label then says so). Where agreement is the point, a panel below
 shows the ratio or the residual.
 """
 
-from ._curves import (
-    plot_curve_analysis,
-    plot_forecast,
-    plot_prediction,
-    plot_sweep,
-)
-from ._demo import (
-    plot_init_scale,
-    plot_loss_curves,
-    plot_power_law,
-    plot_structures,
-)
+import importlib
+from typing import TYPE_CHECKING
 
 
-__all__ = [
-    "plot_curve_analysis",
-    "plot_forecast",
-    "plot_init_scale",
-    "plot_loss_curves",
-    "plot_power_law",
-    "plot_prediction",
-    "plot_structures",
-    "plot_sweep",
-]
+# matplotlib is imported when a figure is first asked for, not with `nqfjax`: the
+# two submodules load on the first attribute access below.
+if TYPE_CHECKING:
+    from ._curves import (
+        plot_curve_analysis as plot_curve_analysis,
+        plot_forecast as plot_forecast,
+        plot_prediction as plot_prediction,
+        plot_sweep as plot_sweep,
+    )
+    from ._demo import (
+        plot_init_scale as plot_init_scale,
+        plot_loss_curves as plot_loss_curves,
+        plot_power_law as plot_power_law,
+        plot_structures as plot_structures,
+    )
+
+_WHERE = {
+    "plot_curve_analysis": "._curves",
+    "plot_forecast": "._curves",
+    "plot_prediction": "._curves",
+    "plot_sweep": "._curves",
+    "plot_init_scale": "._demo",
+    "plot_loss_curves": "._demo",
+    "plot_power_law": "._demo",
+    "plot_structures": "._demo",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    try:
+        where = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

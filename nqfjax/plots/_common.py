@@ -1,5 +1,6 @@
-"""What every figure shares: the colour and line-style cycle, fixed margins,
-writing a figure, and the positive part of a curve that a log-log axis can show."""
+"""What every figure shares (a private module whose names the figures import):
+the colour and line-style cycle, fixed margins, writing a figure, and the
+positive part of a curve that a log-log axis can show."""
 
 import re
 
@@ -14,18 +15,18 @@ from ..io import write_figure
 
 
 _COLOURS = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
-_STYLES = ["-", "--", ":", "-."]
+STYLES = ["-", "--", ":", "-."]
 
 
-def _save(fig, path) -> None:
+def save_png(fig, path) -> None:
     if path is not None:
         write_figure(path, fig)
 
 
-def _grid(fig, nrows=1, ncols=1, *, top, right=0.15, bottom=0.5, hgap=0.15, **kw):
+def figure_grid(fig, nrows=1, ncols=1, *, top, right=0.15, bottom=0.5, hgap=0.15, **kw):
     """A `GridSpec` whose right, bottom and top margins and row gap are given in
     inches (the defaults are those of the demo's figures); its left margin and
-    column gap are set by `_fit_y_labels` once the axes' limits are known.
+    column gap are set by `fit_y_labels` once the axes' limits are known.
 
     The demo's figures are placed this way instead of by a layout engine: the
     constrained layout measures every tick label of every axes twice more before
@@ -45,7 +46,7 @@ def _grid(fig, nrows=1, ncols=1, *, top, right=0.15, bottom=0.5, hgap=0.15, **kw
     )
 
 
-def _text_inches(text: str, size: float) -> tuple[float, float]:
+def text_inches(text: str, size: float) -> tuple[float, float]:
     """Width and height (with descent) of one line of `text` (mathtext if it
     has any) at `size` points, in inches."""
     w, h, d = text_to_path.get_text_width_height_descent(
@@ -67,18 +68,16 @@ def _y_label_inches(ax) -> float:
         (ax.yaxis.get_minor_locator(), ax.yaxis.get_minor_formatter()),
     ]:
         for label in formatter.format_ticks([x for x in locator() if lo <= x <= hi]):
-            widest = max(widest, _text_inches(label, size)[0])
+            widest = max(widest, text_inches(label, size)[0])
     ylabel = ax.yaxis.label
     height = (
-        _text_inches(ylabel.get_text(), ylabel.get_size())[1]
-        if ylabel.get_text()
-        else 0
+        text_inches(ylabel.get_text(), ylabel.get_size())[1] if ylabel.get_text() else 0
     )
     pads = rc["ytick.major.size"] + rc["ytick.major.pad"] + rc["axes.labelpad"]
     return widest + pads / 72 + height
 
 
-def _fit_y_labels(fig, grid, columns, *, edge: float = 0.08, gap: float = 0.15):
+def fit_y_labels(fig, grid, columns, *, edge: float = 0.08, gap: float = 0.15):
     """Set `grid`'s left margin and column gap to what the y tick labels and y
     labels of `columns` (the axes of each grid column) need, plus `edge` inches
     at the figure's edge and `gap` between columns, and move the axes there."""
@@ -113,7 +112,7 @@ class _DecadeFormatter(LogFormatterSciNotation):
         return match[1].replace("-", "\u2212") + match[2].translate(_SUPERSCRIPT)
 
 
-def _log_ticks(fig, max_decades: float = 3.0) -> None:
+def log_ticks(fig, max_decades: float = 3.0) -> None:
     """The ticks of each log axis of `fig`, at its final limits: decades
     labelled by `_DecadeFormatter` and, where the axis spans more than
     `max_decades` decades, minor ticks at 2 and 5 times each power of ten only.
@@ -131,17 +130,17 @@ def _log_ticks(fig, max_decades: float = 3.0) -> None:
                 axis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
 
 
-def _colour(i: int) -> str:
+def cycle_colour(i: int) -> str:
     return _COLOURS[i % len(_COLOURS)]
 
 
-def _positive(t, y):
+def positive_part(t, y):
     """`(t, y)` where both are positive and finite (what a log-log plot shows)."""
     t, y = np.asarray(t, float), np.asarray(y, float)
     keep = np.isfinite(t) & np.isfinite(y) & (t > 0) & (y > 0)
     return t[keep], y[keep]
 
 
-def _log_interp(x, xp, yp):
+def log_interp(x, xp, yp):
     """`yp(x)` interpolated linearly in log-log (`xp` increasing, all positive)."""
     return np.exp(np.interp(np.log(x), np.log(xp), np.log(yp)))

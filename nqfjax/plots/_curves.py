@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ._common import _STYLES, _colour, _log_interp, _positive
+from ._common import STYLES, cycle_colour, log_interp, positive_part
 
 
 def plot_sweep(
@@ -55,8 +55,8 @@ def plot_sweep(
             ax.plot(
                 steps,
                 curve,
-                _STYLES[lr % 4],
-                color=_colour(s),
+                STYLES[lr % 4],
+                color=cycle_colour(s),
                 marker=markers[seed % len(markers)],
                 markevery=(seed % every, every),
                 ms=3.5,
@@ -84,11 +84,11 @@ def plot_sweep(
         ax.set_xlabel("step (symlog: step 0 at 0)")
         ax.set_ylabel("loss")
     handles = [
-        Line2D([], [], color=_colour(i), label=f"σ = {v:.3g}")
+        Line2D([], [], color=cycle_colour(i), label=f"σ = {v:.3g}")
         for i, v in enumerate(grid["init_scale"])
     ]
     handles += [
-        Line2D([], [], color="k", ls=_STYLES[i % 4], label=f"η = {v:.3g}")
+        Line2D([], [], color="k", ls=STYLES[i % 4], label=f"η = {v:.3g}")
         for i, v in enumerate(grid["learning_rate"])
     ]
     handles += [
@@ -125,8 +125,8 @@ def _switch_on_ticks(ax, times) -> bool:
         t = times[s, lr, k]
         if np.isfinite(t) and t >= 0:
             ax.axvline(
-                t, ymin=0.88, ymax=1.0, color=_colour(s), ls=_STYLES[lr % 4], lw=1.6,
-                gid=f"switch_on:{s}:{lr}:{k}",
+                t, ymin=0.88, ymax=1.0, color=cycle_colour(s), ls=STYLES[lr % 4],
+                lw=1.6, gid=f"switch_on:{s}:{lr}:{k}",
             )  # fmt: skip
             drawn = True
     return drawn
@@ -165,7 +165,7 @@ def plot_curve_analysis(
         for a in (ax, resid):
             a.axvspan(lo, hi, color="C0", alpha=0.1)
         ax.patches[-1].set_label("power-law window")
-        tt, fitted = _positive(*curves["power_law_curve"])
+        tt, fitted = positive_part(*curves["power_law_curve"])
         g = summary["power_law"]["gamma"]
         ax.loglog(
             tt,
@@ -178,7 +178,7 @@ def plot_curve_analysis(
         inside = pos & (ts >= tt[0]) & (ts <= tt[-1])
         resid.semilogx(
             ts[inside],
-            np.log(loss[inside] / _log_interp(ts[inside], tt, fitted)),
+            np.log(loss[inside] / log_interp(ts[inside], tt, fitted)),
             "C0-",
             label="data / power law",
         )
@@ -233,14 +233,14 @@ def plot_forecast(fc, ts=None, loss=None, truth=None, *, ax=None):
         ax.set_title("Forecast")
     if ts is not None:
         ax.loglog(
-            *_positive(np.asarray(ts), np.asarray(loss)),
+            *positive_part(np.asarray(ts), np.asarray(loss)),
             "k-",
             lw=2.2,
             alpha=0.7,
             label="observed",
         )
     if truth is not None:
-        ax.loglog(*_positive(*map(np.asarray, truth)), "k:", lw=1.4, label="truth")
+        ax.loglog(*positive_part(*map(np.asarray, truth)), "k:", lw=1.4, label="truth")
     if fc.found:
         ft = np.asarray(fc.ts)
         ax.fill_between(

@@ -7,15 +7,15 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ._common import (
-    _STYLES,
-    _colour,
-    _fit_y_labels,
-    _grid,
-    _log_interp,
-    _log_ticks,
-    _positive,
-    _save,
-    _text_inches,
+    STYLES,
+    cycle_colour,
+    figure_grid,
+    fit_y_labels,
+    log_interp,
+    log_ticks,
+    positive_part,
+    save_png,
+    text_inches,
 )
 
 
@@ -62,7 +62,7 @@ def plot_loss_curves(
     """
     second = bool(rescaled) or staircase is not None
     fig = Figure(figsize=(12.4 if second else 6.4, 6.4))
-    grid = _grid(
+    grid = figure_grid(
         fig,
         2,
         2 if second else 1,
@@ -75,8 +75,8 @@ def plot_loss_curves(
     reference = list(curves)[-1] if reference is None else reference
     t_ref, L_ref = (np.asarray(a, float) for a in curves[reference])
     for i, (label, (t, loss)) in enumerate(curves.items()):
-        tt, ll = _positive(t, loss)
-        kw = dict(color=_colour(i), ls=_STYLES[i % 4], lw=max(2.4 - 0.5 * i, 1.0))
+        tt, ll = positive_part(t, loss)
+        kw = dict(color=cycle_colour(i), ls=STYLES[i % 4], lw=max(2.4 - 0.5 * i, 1.0))
         ax.loglog(tt, ll, label=label, gid=f"data:{label}", **kw)
         if label != reference:
             # only where the reference is on the plot: below it, the real
@@ -105,9 +105,9 @@ def plot_loss_curves(
     if second:
         _staircase_panel(fig.add_subplot(grid[:, 1]), rescaled, staircase, top, floor)
         fig.axes[-1].set_title(rescaled_title, y=1.0)
-    _log_ticks(fig)
-    _fit_y_labels(fig, grid, [[ax, ratio]] + [fig.axes[2:]] * second)
-    _save(fig, path)
+    log_ticks(fig)
+    fit_y_labels(fig, grid, [[ax, ratio]] + [fig.axes[2:]] * second)
+    save_png(fig, path)
     return fig
 
 
@@ -117,7 +117,7 @@ def _staircase_panel(ax, rescaled, staircase, top, floor):
     rescaled = rescaled or {}
     for i, (label, (tau, loss)) in enumerate(rescaled.items()):
         shade = 0.35 + 0.65 * i / max(len(rescaled) - 1, 1)
-        ax.semilogy(tau, loss, lw=1.6, color=_colour(0), alpha=shade, label=label)
+        ax.semilogy(tau, loss, lw=1.6, color=cycle_colour(0), alpha=shade, label=label)
     end = None
     if staircase is not None:
         tau, level = (np.asarray(a, float) for a in staircase)
@@ -162,15 +162,15 @@ def plot_init_scale(
     fig = Figure(figsize=(6.4, 6.0 if predicted_times is not None else 4.4))
     top = _title_inches("")
     if predicted_times is None:
-        grid = _grid(fig, top=top)
+        grid = figure_grid(fig, top=top)
         ax, ratio = fig.add_subplot(grid[0]), None
     else:
-        grid = _grid(fig, 2, 1, top=top, height_ratios=(3, 1.3))
+        grid = figure_grid(fig, 2, 1, top=top, height_ratios=(3, 1.3))
         ax = fig.add_subplot(grid[0])
         ratio = fig.add_subplot(grid[1], sharex=ax)
     order = np.argsort(x)
     for k in range(times.shape[1]):
-        c = _colour(k)
+        c = cycle_colour(k)
         label = f"mode {k}: measured"
         if fitted_slopes is not None:
             label += f" (slope {fitted_slopes[k]:.3g})"
@@ -210,8 +210,8 @@ def plot_init_scale(
         ax.tick_params(labelbottom=False)
         bottom = ratio
     bottom.set_xlabel(r"$\ln(1/\sigma)$ ($\sigma$: init scale)")
-    _fit_y_labels(fig, grid, [fig.axes])
-    _save(fig, path)
+    fit_y_labels(fig, grid, [fig.axes])
+    save_png(fig, path)
     return fig
 
 
@@ -219,10 +219,10 @@ def _local_exponent(t, loss, factor: float = 2.0):
     """`-d ln L / d ln t` of a positive curve, as the log-log slope between
     `t / sqrt(factor)` and `t * sqrt(factor)`: a staircase of many small steps
     reads as the power law it follows, not as a spike at each step."""
-    tp, lp = _positive(t, loss)
+    tp, lp = positive_part(t, loss)
     half = np.sqrt(factor)
     t = tp[(tp / half >= tp[0]) & (tp * half <= tp[-1])]
-    rise = np.log(_log_interp(t * half, tp, lp) / _log_interp(t / half, tp, lp))
+    rise = np.log(log_interp(t * half, tp, lp) / log_interp(t / half, tp, lp))
     return t, -rise / np.log(factor)
 
 
@@ -258,22 +258,22 @@ def plot_power_law(
     - `sharp`: `(t, loss)` of the sharp-switch sum.
     - `offset`: how far above the data the theory slopes are drawn (> 1).
     """
-    tt, ll = _positive(t, loss)
+    tt, ll = positive_part(t, loss)
     fig = Figure(figsize=(6.6, 6.4))
-    grid = _grid(fig, 2, 1, top=_title_inches(""), height_ratios=(3, 1.6))
+    grid = figure_grid(fig, 2, 1, top=_title_inches(""), height_ratios=(3, 1.6))
     ax = fig.add_subplot(grid[0])
     slope = fig.add_subplot(grid[1], sharex=ax)
-    ax.loglog(tt, ll, lw=2.4, color=_colour(0), label="Lotka-Volterra simulation")
+    ax.loglog(tt, ll, lw=2.4, color=cycle_colour(0), label="Lotka-Volterra simulation")
     ax.lines[-1].set_gid("data:simulation")
     if sharp is not None:
-        ax.loglog(*_positive(*sharp), "--", color=_colour(1), lw=1.2)
+        ax.loglog(*positive_part(*sharp), "--", color=cycle_colour(1), lw=1.2)
         ax.lines[-1].set_label("refined sharp-switch sum")
     lo, hi = window
     for a in (ax, slope):
         a.axvspan(lo, hi, color="grey", alpha=0.12)
     ax.patches[-1].set_label("fitting window")
     if fit is not None:
-        ft, fl = _positive(*fit)
+        ft, fl = positive_part(*fit)
         ax.loglog(
             ft,
             fl,
@@ -283,7 +283,7 @@ def plot_power_law(
             gid="guide:simulation",
         )
     tm = np.sqrt(lo * hi)
-    lm = _log_interp(tm, tt, ll)
+    lm = log_interp(tm, tt, ll)
     guide_t = np.geomspace(lo, hi, 20)
     for g, style, colour, name in [
         (gamma_rich, "-.", "C3", "rich theory"),
@@ -302,12 +302,14 @@ def plot_power_law(
     ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes", y=1.0)
     ax.legend(fontsize=7)
     ax.tick_params(labelbottom=False)
-    slope.semilogx(*_local_exponent(tt, ll), color=_colour(0), lw=2, label="simulation")
+    slope.semilogx(
+        *_local_exponent(tt, ll), color=cycle_colour(0), lw=2, label="simulation"
+    )
     if sharp is not None:
         slope.semilogx(
             *_local_exponent(*sharp),
             "--",
-            color=_colour(1),
+            color=cycle_colour(1),
             lw=1.2,
             label="sharp-switch sum",
         )
@@ -327,9 +329,9 @@ def plot_power_law(
     slope.set_xlabel("t (gradient steps)")
     slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
     slope.legend(fontsize=7, ncols=3, loc="upper right")
-    _log_ticks(fig)
-    _fit_y_labels(fig, grid, [[ax, slope]])
-    _save(fig, path)
+    log_ticks(fig)
+    fit_y_labels(fig, grid, [[ax, slope]])
+    save_png(fig, path)
     return fig
 
 
@@ -385,7 +387,7 @@ def plot_structures(
         r"Structure matrices $A(x)$ for one input (first output)",
         y=1 - 0.08 / height,
     )
-    _save(fig, path)
+    save_png(fig, path)
     return fig
 
 
@@ -397,7 +399,7 @@ def _structure_axes(fig, parts, ncols, rotated):
     width, height = fig.get_size_inches()
     nrows = -(-len(parts) // ncols)
     # the widest and tallest tick label of each map, in inches
-    sizes = [np.max([_text_inches(label, 7) for label, _ in p], axis=0) for p in parts]
+    sizes = [np.max([text_inches(label, 7) for label, _ in p], axis=0) for p in parts]
     sizes += [np.zeros(2)] * (nrows * ncols - len(parts))
     sizes = np.reshape(sizes, (nrows, ncols, 2))
     w, h = sizes[..., 0], sizes[..., 1]

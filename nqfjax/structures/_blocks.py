@@ -1,5 +1,6 @@
 r"""Off-diagonal block matrices: the closed-form batch hooks of the built-in
-structures (private).
+structures, and the slope `sigma'(0)` of their activations (a private module
+whose names the structures import).
 
 Every built-in structure except the quadratic network has structure matrices of
 one shape: a block $U_j(x)$ (rows `r`, columns `c`, disjoint) and its transpose,
@@ -14,7 +15,12 @@ $\sum_{s,j} c_{sj} U_j(x_s)$ (`pair_matrix`). With $U_j(x)$ of rank one or a
 patch matrix, neither ever forms a `(p, p)` matrix per sample.
 """
 
+import functools
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 
@@ -56,3 +62,46 @@ def readout_weighted_sum(V, c, *, scale: float, p: int, r0: int, c0: int):
     **Returns:** shape `(p, p)`, in the dtype of `c`.
     """
     return pair_matrix(scale * c.T @ V.astype(c.dtype), p, r0, c0)
+
+
+# ------------------------------------------------------------------------------
+# activations
+
+
+def slope_at_zero(activation: Callable) -> float:
+    """`sigma'(0)`, after checking `sigma(0) = 0`.
+
+    Evaluated eagerly even while tracing (`ensure_compile_time_eval`), so that it
+    may be called from inside `jit`.
+    """
+    with jax.ensure_compile_time_eval():
+        return _slope_at_zero_eager(activation)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _value_and_slope(activation, z):
+    return jax.value_and_grad(activation)(z)
+
+
+def _slope_at_zero_eager(activation: Callable) -> float:
+    zero = jnp.zeros((), jnp.float32)
+    try:
+        hash(activation)
+    except TypeError:  # e.g. a module holding arrays: not a static argument
+        value, slope = activation(zero), jax.grad(activation)(zero)
+    else:  # one compiled call per activation (eagerly, its ops would be six)
+        value, slope = _value_and_slope(activation, zero)
+    value, slope = float(value), float(slope)
+    if not np.isfinite(value) or abs(value) > 1e-7:
+        raise ValueError(
+            "`activation` must satisfy sigma(0) = 0 (the unit's output a*sigma(u.x) "
+            f"then has no first-order term at zero); got sigma(0) = {value:.3g}. "
+            "Use a centred activation such as tanh, or sigma(z) - sigma(0)."
+        )
+    if not np.isfinite(slope) or slope == 0.0:
+        raise ValueError(
+            "`activation` must have a finite nonzero slope sigma'(0); got "
+            f"{slope:.3g}. With sigma'(0) = 0 the quadratic form vanishes and the "
+            "leading order is cubic, outside this theory."
+        )
+    return slope

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._blocks import pair_matrix, pair_part
+from ._blocks import pair_matrix, pair_part, slope_at_zero
 from .base import (
     AbstractStructure,
     check_batch,
@@ -17,7 +17,6 @@ from .base import (
     flag,
     size,
 )
-from .perceptron import _slope_at_zero
 
 
 @final
@@ -62,7 +61,7 @@ class Conv1D(AbstractStructure):
                 f"`length` must be >= `kernel_size` = {self.kernel_size}, got "
                 f"{self.length}."
             )
-        _slope_at_zero(self.activation)
+        slope_at_zero(self.activation)
 
     @property
     def k(self) -> int:
@@ -71,7 +70,7 @@ class Conv1D(AbstractStructure):
     @property
     def slope(self) -> float:
         """`c = sigma'(0)`."""
-        return _slope_at_zero(self.activation)
+        return slope_at_zero(self.activation)
 
     @property
     def positions(self) -> int:

@@ -7,7 +7,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._blocks import pair_matrix, pair_part, readout_contract, readout_weighted_sum
+from ._blocks import (
+    pair_matrix,
+    pair_part,
+    readout_contract,
+    readout_weighted_sum,
+    slope_at_zero,
+)
 from .base import (
     AbstractStructure,
     check_batch,
@@ -16,7 +22,6 @@ from .base import (
     check_weights,
     size,
 )
-from .perceptron import _slope_at_zero
 
 
 @final
@@ -77,12 +82,12 @@ class MixtureOfExperts(AbstractStructure):
                 f'`k` must be 1 with gate="factor" (the gate is the readout), got '
                 f"k={self.k}."
             )
-        _slope_at_zero(self.activation)
+        slope_at_zero(self.activation)
 
     @property
     def slope(self) -> float:
         """`c = sigma'(0)`."""
-        return _slope_at_zero(self.activation)
+        return slope_at_zero(self.activation)
 
     @property
     def p(self) -> int:

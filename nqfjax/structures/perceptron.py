@@ -1,15 +1,12 @@
 """Two-layer perceptron: `f(x) = sum_i a_i sigma(u_i . x)` with k outputs."""
 
-import functools
 from collections.abc import Callable
 from typing import final
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._blocks import readout_contract, readout_weighted_sum
+from ._blocks import readout_contract, readout_weighted_sum, slope_at_zero
 from .base import (
     AbstractStructure,
     check_batch,
@@ -18,45 +15,6 @@ from .base import (
     check_weights,
     size,
 )
-
-
-def _slope_at_zero(activation: Callable) -> float:
-    """`sigma'(0)`, after checking `sigma(0) = 0`.
-
-    Evaluated eagerly even while tracing (`ensure_compile_time_eval`), so that it
-    may be called from inside `jit`.
-    """
-    with jax.ensure_compile_time_eval():
-        return _slope_at_zero_eager(activation)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _value_and_slope(activation, z):
-    return jax.value_and_grad(activation)(z)
-
-
-def _slope_at_zero_eager(activation: Callable) -> float:
-    zero = jnp.zeros((), jnp.float32)
-    try:
-        hash(activation)
-    except TypeError:  # e.g. a module holding arrays: not a static argument
-        value, slope = activation(zero), jax.grad(activation)(zero)
-    else:  # one compiled call per activation (eagerly, its ops would be six)
-        value, slope = _value_and_slope(activation, zero)
-    value, slope = float(value), float(slope)
-    if not np.isfinite(value) or abs(value) > 1e-7:
-        raise ValueError(
-            "`activation` must satisfy sigma(0) = 0 (the unit's output a*sigma(u.x) "
-            f"then has no first-order term at zero); got sigma(0) = {value:.3g}. "
-            "Use a centred activation such as tanh, or sigma(z) - sigma(0)."
-        )
-    if not np.isfinite(slope) or slope == 0.0:
-        raise ValueError(
-            "`activation` must have a finite nonzero slope sigma'(0); got "
-            f"{slope:.3g}. With sigma'(0) = 0 the quadratic form vanishes and the "
-            "leading order is cubic, outside this theory."
-        )
-    return slope
 
 
 @final
@@ -83,12 +41,12 @@ class Perceptron(AbstractStructure):
     activation: Callable = eqx.field(static=True, default=jnp.tanh)
 
     def __check_init__(self):
-        _slope_at_zero(self.activation)
+        slope_at_zero(self.activation)
 
     @property
     def slope(self) -> float:
         """`c = sigma'(0)`."""
-        return _slope_at_zero(self.activation)
+        return slope_at_zero(self.activation)
 
     @property
     def p(self) -> int:

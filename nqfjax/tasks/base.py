@@ -19,26 +19,9 @@ from jaxtyping import Array, Float
 
 from .._checks import (
     check_shape,
-    error_if,
-    finite,
-    is_concrete,
 )
-from .._linalg import _inner
+from .._linalg import frobenius
 from .lotka_volterra import LotkaVolterra
-
-
-def _check_symmetric(name: str, X, *, rtol: float = 1e-6):
-    """Return `X`, raising unless it is a finite symmetric matrix."""
-    X = finite(name, X)
-    if X.ndim != 2 or X.shape[0] != X.shape[1]:
-        raise ValueError(f"`{name}` must be a square matrix, got shape {X.shape}.")
-    tol = rtol * jnp.max(jnp.abs(X)) + jnp.finfo(X.dtype).tiny
-    err = jnp.max(jnp.abs(X - X.T))
-    if is_concrete(X):
-        if float(err) > float(tol):
-            raise ValueError(f"`{name}` must be symmetric; max |X - X^T| = {err:.3g}.")
-        return X
-    return error_if(X, err > tol, f"`{name}` must be symmetric.")
 
 
 class Task(eqx.Module):
@@ -101,7 +84,7 @@ class Task(eqx.Module):
         """
         M = jnp.asarray(M)
         check_shape("M", M, (self.p, self.p))
-        return 0.5 * _inner(M, self._K(M)) - _inner(self.C, M) + 0.5 * self.y2
+        return 0.5 * frobenius(M, self._K(M)) - frobenius(self.C, M) + 0.5 * self.y2
 
     def known_reduction(
         self, eta, weight_decay=0.0

@@ -9,11 +9,12 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import (
     check_ndim,
     check_shape,
+    check_symmetric,
     finite,
     symmetric_psd,
 )
-from .._linalg import _inner, _sym
-from .base import Task, _check_symmetric
+from .._linalg import frobenius, sym
+from .base import Task
 
 
 # --------------------------------------------------------------------------------
@@ -42,11 +43,11 @@ class GaussianQuadraticTask(Task):
         self.covariance = covariance
         self.M_star = M_star
         self.C = self._K(M_star)
-        self.y2 = _inner(M_star, self.C)
+        self.y2 = frobenius(M_star, self.C)
 
     def _K(self, X):
         S = self.covariance
-        return 2.0 * S @ _sym(X) @ S + S * _inner(S, X)
+        return 2.0 * S @ sym(X) @ S + S * frobenius(S, X)
 
 
 def gaussian_quadratic_task(
@@ -80,8 +81,8 @@ def gaussian_quadratic_task(
     check_shape("covariance", S, (d, d))
     check_shape("M_star", M_star, (d, d))
     S = symmetric_psd("covariance", S.astype(dtype))
-    M_star = _check_symmetric("M_star", M_star.astype(dtype))
-    return GaussianQuadraticTask(_sym(S), _sym(M_star))
+    M_star = check_symmetric("M_star", M_star.astype(dtype))
+    return GaussianQuadraticTask(sym(S), sym(M_star))
 
 
 # --------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def gaussian_perceptron_task(
         S = jnp.asarray(covariance)
         check_shape("covariance", S, (d, d))
         dtype = jnp.result_type(dtype, S)
-        S = _sym(symmetric_psd("covariance", S.astype(dtype)))
+        S = sym(symmetric_psd("covariance", S.astype(dtype)))
     T = finite("teacher", T.astype(dtype))
     slope = float(slope)
     if not np.isfinite(slope) or slope == 0.0:

@@ -27,7 +27,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import error_if, is_concrete, symmetric_psd
-from .._linalg import _lu_solver
+from .._linalg import lu_solver
 
 
 class AbstractInteractions(eqx.Module):
@@ -155,7 +155,7 @@ class DenseInteractions(AbstractInteractions):
     def rosenbrock_solver(self, m, g, gh):
         """One LU factorisation of `W` (see `AbstractInteractions`)."""
         eye = jnp.eye(m.shape[0], dtype=m.dtype)
-        solve = _lu_solver(eye + g * self.B.astype(m.dtype) * m[None, :])
+        solve = lu_solver(eye + g * self.B.astype(m.dtype) * m[None, :])
         return lambda b: solve(gh * b)
 
 
@@ -305,7 +305,7 @@ class LowRankInteractions(AbstractInteractions):
         if q == 1:
             solve_small = lambda v: v / S[0, 0]
         else:
-            solve_small = _lu_solver(S)
+            solve_small = lu_solver(S)
 
         def solve(b):
             z = gh * b / a

@@ -11,7 +11,7 @@ from .._checks import (
     finite,
     static_int,
 )
-from .._linalg import _sym
+from .._linalg import sym
 from ..structures.base import AbstractStructure
 from .base import Task
 
@@ -62,7 +62,7 @@ def _sampled_C(structure, xs, targets, batch_size):
 
 @eqx.filter_jit
 def _sampled_K(structure, xs, X, batch_size):
-    Xs = _sym(X).astype(xs.dtype)
+    Xs = sym(X).astype(xs.dtype)
     dummy = jnp.zeros((xs.shape[0], 0), xs.dtype)
     return _chunked_sum(
         structure, xs, dummy, lambda xb, _: structure.contract(xb, Xs), batch_size

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import optax
 
-from .._linalg import _inner, _psd_project, _sym
+from .._linalg import frobenius as _inner, psd_project as _psd_project, sym as _sym
 
 
 def _defaults(dtype) -> dict:

@@ -34,7 +34,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._checks import check_shape, error_if, is_concrete, nonnegative, static_int
-from .._linalg import _sym
+from .._linalg import sym as _sym
 from ..tasks.base import Task
 from ._psd_solvers import (
     _convex,
