@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import nqfjax
+import nqfjax.experiments
 from nqfjax.progress import Bar, as_progress_meter
 
 
@@ -57,7 +58,7 @@ def test_analyse_curve_reports_each_analysis_to_the_meter():
     log = []
     ts = np.geomspace(1.0, 1e4, 200)
     loss = 1.0 / (1.0 + np.exp(ts / 300.0 - 3.0)) + 0.01 * ts**-0.3
-    summary, _ = nqfjax.analyse_curve(
+    summary, _ = nqfjax.experiments.analyse_curve(
         ts, loss, modes=None, progress=_RecordingMeter(log)
     )
     assert log[0][0] == "open" and log[0][2] == "fit"
