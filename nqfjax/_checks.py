@@ -62,6 +62,18 @@ def is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
 
 
+def eager_only(function: str, why: str, **arguments) -> None:
+    """Raise a `ValueError` naming `function` and the first traced argument:
+    `function` runs eagerly, on concrete arrays (`why` says what needs them), so
+    it cannot be called under `jax.jit`, `vmap`, `grad` or inside `shard_map`."""
+    for name, x in arguments.items():
+        if not is_concrete(x):
+            raise ValueError(
+                f"`{function}` runs eagerly (on concrete arrays: {why}), but `{name}` "
+                "is traced: call it outside jax.jit/vmap/grad/shard_map."
+            )
+
+
 # the messages of failed runtime checks, while a `deferred_errors` block is open
 _DEFERRED_LOCK = threading.Lock()
 _deferred: list[str] | None = None

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
 
@@ -128,7 +129,10 @@ def detect_plateaus(
        `min_drop` are merged.
 
     A plateau's `start` and `end` are the ends of its stretch between drops.
-    Runs eagerly in numpy (the number of plateaus depends on the data).
+
+    Eager only: it runs in numpy on concrete arrays (the number of plateaus
+    depends on the data); under `jax.jit`, `vmap`, `grad` or `shard_map` it
+    raises a `ValueError` saying so.
 
     **Arguments:**
 
@@ -153,8 +157,9 @@ def detect_plateaus(
 
     **Raises:** `ValueError` for malformed input (shapes, non-positive or
     non-increasing times, non-finite losses, a negative maximum, a `floor`
-    `<= 0`, bad options).
+    `<= 0`, bad options, traced arguments).
     """
+    eager_only("detect_plateaus", "the plateaus are found in numpy", ts=ts, loss=loss)
     ts, loss, floor = _check_plateau_args(
         ts,
         loss,

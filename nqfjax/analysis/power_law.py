@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from .._checks import eager_only
 from .._curves import loglog_slope
 from ._least_squares import (
     host_curve,
@@ -384,8 +385,10 @@ def fit_power_law(
     problem), so that every decade is resolved alike and one compilation
     serves every curve.
 
-    Not differentiable or jit-able as a whole (the window is chosen on the host);
-    the fits themselves are one jit-compiled call.
+    Eager only: not differentiable or jit-able as a whole (the window is chosen
+    on the host, in numpy), so under `jax.jit`, `vmap`, `grad` or `shard_map` it
+    raises a `ValueError` saying so; the fits themselves are one jit-compiled
+    call.
 
     **Arguments:**
 
@@ -409,9 +412,10 @@ def fit_power_law(
     **Returns:** a `PowerLawFit` (callable: the fitted curve).
 
     **Raises:** `ValueError` for bad shapes, non-finite values, non-increasing or
-    negative `ts`, bad options, or fewer than 6 positive points in a given
-    window.
+    negative `ts`, bad options, fewer than 6 positive points in a given
+    window, or traced arguments.
     """
+    eager_only("fit_power_law", "the window is chosen on the host", ts=ts, loss=loss)
     t, y = host_curve(ts, loss)
     if uncertainty not in ("systematic", "laplace", "bootstrap"):
         raise ValueError(

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import eager_only
 from .._curves import first_crossing
 from ..engines.lv import solve_lv
 from ..tasks.interactions import DiagonalInteractions
@@ -421,6 +422,10 @@ def fit_spectrum(
     (`noise`: the scatter of `log L` about a smooth curve), gives `found=False`
     and says why in `reason` (the fitted numbers are kept for inspection).
 
+    Eager only: the starts, the usable points and the verdict are chosen on the
+    host, in numpy; under `jax.jit`, `vmap`, `grad` or `shard_map` it raises a
+    `ValueError` saying so (the fits themselves are one jit-compiled call).
+
     **Arguments:**
 
     - `ts`: times, shape `(T,)`, increasing, `>= 0`.
@@ -440,9 +445,11 @@ def fit_spectrum(
     **Returns:** a `SpectrumFit`.
 
     **Raises:** `ValueError` for bad shapes or values, `p < 1`, `n_modes < p`,
-    fewer than 8 usable points, or an unknown `method`; `RuntimeError` if the
-    model cannot be evaluated from any start (every solve failed).
+    fewer than 8 usable points, an unknown `method` or traced arguments;
+    `RuntimeError` if the model cannot be evaluated from any start (every solve
+    failed).
     """
+    eager_only("fit_spectrum", "the fit is set up on the host", ts=ts, loss=loss)
     t, y = host_curve(ts, loss)
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"`p` must be a positive int, got {p!r}.")

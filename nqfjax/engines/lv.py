@@ -416,8 +416,9 @@ def lv_reduce(
     $\|\mathrm{off}(U^\top C U)\|_F / \|C\|_F$, where `off` drops the diagonal;
     0 means an exact reduction.
 
-    `lv_reduce` runs eagerly (numpy linear algebra on top of `task.K`, which is
-    applied `O(p)` times): call it outside `jax.jit`. For a `PowerLawTask` the
+    Eager only: `lv_reduce` runs numpy linear algebra on top of `task.K` (which
+    is applied `O(p)` times) on concrete arrays; under `jax.jit`, `vmap`, `grad`
+    or `shard_map` it raises a `ValueError` saying so. For a `PowerLawTask` the
     standard basis is returned without any search, and
     `PowerLawTask.lotka_volterra(learning_rate)` gives the system without the
     `p x p` basis (and under `jit`).
@@ -446,7 +447,7 @@ def lv_reduce(
         raise ValueError(f"`task` must be a Task, got {type(task)}.")
     if not is_concrete(task, learning_rate, weight_decay):
         raise ValueError(
-            "lv_reduce runs eagerly (it searches for a basis with numpy); call it "
+            "`lv_reduce` runs eagerly (it searches for a basis with numpy); call it "
             "outside jax.jit/vmap/grad. For power-law tasks use "
             "`task.lotka_volterra(learning_rate)`, which traces."
         )

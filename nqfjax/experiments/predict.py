@@ -17,7 +17,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import static_int
+from .._checks import eager_only, static_int
 from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, log_spaced_steps
@@ -291,6 +291,10 @@ def predict(
     (`benchmarks/predict_cost.py`); pass an implicit solver where the flow is
     stiff.
 
+    Eager only: it chooses the engine on the host (`lv_reduce` runs in numpy),
+    so under `jax.jit`, `vmap`, `grad` or `shard_map` it raises a `ValueError`
+    saying so; trace `solve_lv` or `solve_mflow` themselves instead.
+
     **Arguments:**
 
     - `structure`: the architecture.
@@ -314,8 +318,21 @@ def predict(
 
     **Raises:** `ValueError` naming the argument for bad shapes or values (from
     `task_from_samples`, `solve_mflow`, `lv_reduce` and the checks here);
-    `NotReducibleError` for `engine="lv"` on data that do not reduce.
+    `NotReducibleError` for `engine="lv"` on data that do not reduce;
+    `ValueError` for traced arguments.
     """
+    eager_only(
+        "predict",
+        "it chooses the engine on the host",
+        xs=xs,
+        ys=ys,
+        init_scale=init_scale,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        key=key,
+        ts=ts,
+        structure=structure,
+    )
     if not isinstance(structure, AbstractStructure):
         raise ValueError(
             f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."

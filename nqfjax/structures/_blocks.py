@@ -71,10 +71,12 @@ def readout_weighted_sum(V, c, *, scale: float, p: int, r0: int, c0: int):
 def slope_at_zero(activation: Callable) -> float:
     """`sigma'(0)`, after checking `sigma(0) = 0`.
 
-    Evaluated eagerly even while tracing (`ensure_compile_time_eval`), so that it
-    may be called from inside `jit`.
+    Evaluated eagerly even while tracing, so that it may be called from inside
+    `jit`, `vmap` and `shard_map`: `jax.core.eval_context` (inside `shard_map`,
+    `jax.ensure_compile_time_eval` still stages the calls, and `float` then
+    fails on a tracer).
     """
-    with jax.ensure_compile_time_eval():
+    with jax.core.eval_context():
         return _slope_at_zero_eager(activation)
 
 

@@ -53,8 +53,8 @@ def switch_on_times(
     a finite amount), against $O(1)$ plus the offset $\ln m^{\rm new}_k / r_k$
     without it; in rescaled time both vanish like $1/\ln(1/\epsilon)$.
 
-    Runs eagerly (an event loop in numpy): the arguments must be concrete, not
-    traced by `jax.jit`/`vmap`/`grad`.
+    Eager only: an event loop in numpy, on concrete arguments; under `jax.jit`,
+    `vmap`, `grad` or `shard_map` it raises a `ValueError` saying so.
 
     **Arguments:**
 
