@@ -14,6 +14,7 @@ damaged `.npz` are not.
 """
 
 import contextlib
+import importlib
 import io
 import os
 import pickle
@@ -30,7 +31,11 @@ from hypothesis import given, settings, strategies as st
 import nqfjax
 from nqfjax.cli import main
 from nqfjax.data import load_data_file
-from nqfjax.experiments import curve as curve_mod, predict_file, sweep_config
+from nqfjax.experiments import curve as curve_mod, sweep_config
+
+
+# the module, not the function of the same name that nqfjax.experiments exports
+predict_file = importlib.import_module("nqfjax.experiments.predict_file")
 
 
 _SETTINGS = settings(derandomize=True, max_examples=40, deadline=None, database=None)

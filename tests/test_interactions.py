@@ -130,6 +130,7 @@ def test_a_pytree_under_vmap_and_grad():
     )
 
 
+@pytest.mark.slow  # three solves compiled per form: ~20 s on two cores
 def test_solve_lv_same_for_every_form():
     """The same system in each form gives the same `solve_lv` and
     `solve_lv_batch` solution (to the solver's rounding)."""
@@ -192,6 +193,7 @@ def _avals(jaxpr):
     return out
 
 
+@pytest.mark.slow  # p = 10,000: ~13 s of tracing and a short solve per form
 @pytest.mark.parametrize("form", ["diagonal", "low_rank"])
 def test_p_10000_first_step_holds_no_p_by_p_array(form, monkeypatch):
     """At p = 10,000 (a dense `B` would be 800 MB) the default solver's first
