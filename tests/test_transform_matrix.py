@@ -173,7 +173,7 @@ def _task_from_samples(dtype):
 def _power_law_lv(dtype):
     def fn(eta):
         lv = nqfjax.power_law_task(5, 1.2, 0.4).lotka_volterra(eta)
-        return lv.r, lv.B_diag, lv.loss_scale
+        return lv.r, lv.interactions.diagonal(), lv.loss_scale
 
     return fn, _arr(0.25, dtype), _arr(0.1, dtype)
 
