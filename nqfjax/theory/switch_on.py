@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import eager_only
 from ..tasks.lotka_volterra import LotkaVolterra
 from .staircase import (
     _check_bounded,
@@ -68,6 +69,7 @@ def switch_on_times(
     **Raises:** `ValueError` for bad `m0`, a system without a bounded
     equilibrium, or a traced argument (it names the argument).
     """
+    eager_only("switch_on_times", "the events are found on the host", m0=m0, lv=lv)
     sys = _lv_numpy(lv, "switch_on_times")
     p = lv.p
     m0 = _check_m0(m0, p, "switch_on_times")
