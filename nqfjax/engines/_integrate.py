@@ -52,10 +52,6 @@ class Solution(eqx.Module):
 # checks
 
 
-def _traced_check(token, bad, message: str):
-    return error_if(token, bad, message)
-
-
 def check_times(ts: ArrayLike, dtype, t0: float | None):
     """`(ts, t_start)` in `dtype`, refusing empty, non-increasing or non-finite
     `ts`, a cast to `dtype` that merges times, and `ts[0] < t0`."""
@@ -86,9 +82,9 @@ def check_times(ts: ArrayLike, dtype, t0: float | None):
             )
     else:
         ok = jnp.all(jnp.isfinite(ts_in)) & jnp.all(jnp.diff(ts_in) > 0)
-        ts = _traced_check(ts, ~ok, msg)
+        ts = error_if(ts, ~ok, msg)
         if cast:
-            ts = _traced_check(ts, ~jnp.all(jnp.diff(ts) > 0), cast_msg)
+            ts = error_if(ts, ~jnp.all(jnp.diff(ts) > 0), cast_msg)
     if t0 is None:
         return ts, ts[0]
     t_start = jnp.asarray(t0, dtype)
@@ -100,7 +96,7 @@ def check_times(ts: ArrayLike, dtype, t0: float | None):
             raise ValueError(start_msg + f" Got ts[0] = {float(ts[0])}.")
         return ts, t_start
     bad = ~jnp.isfinite(t_start) | (ts[0] < t_start)
-    return _traced_check(ts, bad, start_msg), t_start
+    return error_if(ts, bad, start_msg), t_start
 
 
 def tolerance_checks(rtol, atol) -> list[tuple[Array, str]]:
@@ -177,7 +173,7 @@ def check_learning_rate(learning_rate, dtype):
         if not (np.isfinite(float(eta)) and float(eta) > 0):
             raise ValueError(msg + f", got {float(eta)}.")
         return eta
-    return _traced_check(eta, ~(jnp.isfinite(eta) & (eta > 0)), msg + ".")
+    return error_if(eta, ~(jnp.isfinite(eta) & (eta > 0)), msg + ".")
 
 
 def flow_times(
@@ -235,7 +231,7 @@ def integrate(
     """
     max_steps = static_int("max_steps", max_steps, minimum=1)
     for bad, msg in pending:
-        times = _traced_check(times, bad, msg)
+        times = error_if(times, bad, msg)
     sol = diffrax.diffeqsolve(
         term,
         solver,
