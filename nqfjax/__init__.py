@@ -105,7 +105,6 @@ from .structures import (
     Perceptron as Perceptron,
     QKAttention as QKAttention,
     QuadraticNet as QuadraticNet,
-    Structure as Structure,
 )
 from .structures.apply import nqf_apply as nqf_apply
 from .structures.autodiff import (
@@ -179,6 +178,14 @@ from .theory.switch_on import (
 # The command line's drivers live in `nqfjax.experiments`; their old names here
 # still work, with a DeprecationWarning, for one release.
 def __getattr__(name: str):
+    if name == "Structure":  # `AbstractStructure`'s earlier name, for one release
+        warnings.warn(
+            "`nqfjax.Structure` is deprecated and will be removed in the next "
+            "release; use `nqfjax.AbstractStructure`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return AbstractStructure
     if name in _experiments.__all__:
         warnings.warn(
             f"`nqfjax.{name}` is deprecated and will be removed in the next release; "

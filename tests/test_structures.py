@@ -507,7 +507,10 @@ BUILTIN_CLASSES = (
 
 
 def test_abstract_and_final():
-    assert nqfjax.Structure is nqfjax.AbstractStructure
+    with pytest.warns(DeprecationWarning, match="use `nqfjax.AbstractStructure`"):
+        assert nqfjax.Structure is nqfjax.AbstractStructure
+    with pytest.warns(DeprecationWarning, match="use `AbstractStructure`"):
+        assert nqfjax.structures.Structure is nqfjax.AbstractStructure
     with pytest.raises(TypeError):
         nqfjax.AbstractStructure()  # pyright: ignore
     for cls in BUILTIN_CLASSES:
@@ -570,7 +573,7 @@ def test_legacy_private_spellings(getkey):
     base = nqfjax.QuadraticNet(d=3)
     with pytest.warns(DeprecationWarning, match="implement `A`, `unit`, `layer`"):
 
-        class Old(nqfjax.Structure):
+        class Old(nqfjax.AbstractStructure):
             inner: nqfjax.QuadraticNet
             k = 1
             additive = True

@@ -232,8 +232,17 @@ class AbstractStructure(eqx.Module):
         return self.sample_size()
 
 
-#: The name nqfjax used before `AbstractStructure`; kept as an alias.
-Structure = AbstractStructure
+def __getattr__(name: str):
+    # `Structure`: the name nqfjax used before `AbstractStructure`, for one release.
+    if name == "Structure":
+        warnings.warn(
+            "`Structure` is deprecated and will be removed in the next release; "
+            "use `AbstractStructure`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return AbstractStructure
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------
