@@ -89,11 +89,12 @@ LAYERS = [
 
 #: Imports inside nqfjax of a private name (`_x`) of another nqfjax module. They
 #: were 83; shared helpers now have public names in private modules (`_linalg`,
-#: `_checks`, `analysis/_least_squares`, `plots/_common`, `structures/_blocks`).
-#: What is left is within `theory/` and the Lotka-Volterra engines (and
-#: `experiments/finite_data` reaching into `theory/capacity`). This is a
-#: ratchet: lower it when you remove one, never raise it.
-MAX_PRIVATE_IMPORTS = 24
+#: `_checks`, `analysis/_least_squares`, `plots/_common`, `structures/_blocks`,
+#: `theory/_psd_solvers`, `theory/_sharp_switch`). What is left is in the
+#: Lotka-Volterra engines, `tasks/lotka_volterra` and `theory/_sharp_switch`
+#: (the NNQP's unchecked core). This is a ratchet: lower it when you remove
+#: one, never raise it.
+MAX_PRIVATE_IMPORTS = 8
 
 
 def _module_name(path: Path) -> str:
