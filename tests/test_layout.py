@@ -62,8 +62,8 @@ PACKAGE = ROOT / "nqfjax"
 #: draws, adjusted to what the code does:
 #:
 #: - the helpers every layer may use are at the bottom: `_checks`, `_linalg`,
-#:   `_curves`, `io` (the one writer) and `data` (the bundled data sets) import
-#:   nothing of nqfjax; `_checkpoint` builds on `io`; `progress` (the meters)
+#:   `_curves`, `_interrupts` (SIGINT held to safe points), `io` (the one
+#:   writer) and `data` (the bundled data sets) import nothing of nqfjax; `_checkpoint` builds on `io`; `progress` (the meters)
 #:   only on tqdm;
 #: - structures < tasks (a task is built from a structure's `A(x)`) < engines
 #:   (which solve a task) < theory (closed forms of a task's flow) < analysis
@@ -74,7 +74,7 @@ PACKAGE = ROOT / "nqfjax"
 #: - the package's `__init__` re-exports everything, and the command line
 #:   (`cli`) is the only module that imports the package as a whole.
 LAYERS = [
-    {"_checks", "_linalg", "_curves", "io", "data"},
+    {"_checks", "_linalg", "_curves", "_interrupts", "io", "data"},
     {"_checkpoint", "progress"},
     {"structures"},
     {"tasks"},
