@@ -12,7 +12,7 @@ import numpy as np
 
 from .._checks import check_shape, is_concrete, static_int
 from ..tasks.lotka_volterra import LotkaVolterra
-from .nnqp import _nnqp_impl
+from .nnqp import nnqp_core
 
 
 def is_diagonal(B: np.ndarray) -> bool:
@@ -93,10 +93,10 @@ def event_loop(B, r_eff, level0, *, corrected: bool, max_events: int) -> Trace:
             "`singular_limit` and `switch_on_times` run eagerly (an event loop in "
             "numpy): call them outside `jax.jit`, `jax.vmap` and `jax.grad`."
         )
-    solve_batch = jax.vmap(_nnqp_impl, in_axes=(None, None, 0, None))
+    solve_batch = jax.vmap(nnqp_core, in_axes=(None, None, 0, None))
 
     def solve(mask):
-        sol = _nnqp_impl(Bj, rj, jnp.asarray(mask), max_iter)
+        sol = nnqp_core(Bj, rj, jnp.asarray(mask), max_iter)
         if not bool(sol.converged):
             raise ValueError(
                 "The plateau's quadratic program did not converge: the "
