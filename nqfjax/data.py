@@ -147,6 +147,15 @@ def load_dataset(
     `target`, `n`/`seed`/`pca` that are not integers in range, a non-floating
     `dtype`; `ImportError` when the extra `nqfjax[data]` is not installed.
     """
+    n, seed, pca, dtype = _check_load_args(name, n, seed, target, whiten, pca, dtype)
+    xs, labels = _samples(name, n, seed)
+    xs = _standardised(xs, name, pca, whiten)
+    return xs.astype(dtype), _targets(labels, name, target).astype(dtype)
+
+
+def _check_load_args(name, n, seed, target, whiten, pca, dtype):
+    """`load_dataset`'s arguments checked (a `ValueError` naming the bad one):
+    `(n, seed, pca, dtype)`."""
     if name not in DATASETS:
         raise ValueError(f"`name` must be one of {sorted(DATASETS)}, got {name!r}.")
     if target not in _TARGETS:
@@ -166,16 +175,25 @@ def load_dataset(
         raise ValueError(f"`dtype` must be a floating dtype, got {dtype!r}.") from e
     if not np.issubdtype(dtype, np.floating):
         raise ValueError(f"`dtype` must be a floating dtype, got {dtype}.")
+    return n, seed, pca, dtype
 
+
+def _samples(name: str, n: int | None, seed: int):
+    """`(xs, labels)`: the set's samples, at most `n` (a subset drawn with
+    `seed`)."""
     total = DATASETS[name][0]
     if name == "mnist1d":
-        xs, labels = _mnist1d(total if n is None else n, seed)
-    else:
-        xs, labels = _sklearn(name)
-        if n is not None and n < total:
-            keep = np.sort(np.random.default_rng(seed).permutation(total)[:n])
-            xs, labels = xs[keep], labels[keep]
+        return _mnist1d(total if n is None else n, seed)
+    xs, labels = _sklearn(name)
+    if n is not None and n < total:
+        keep = np.sort(np.random.default_rng(seed).permutation(total)[:n])
+        xs, labels = xs[keep], labels[keep]
+    return xs, labels
 
+
+def _standardised(xs, name: str, pca: int | None, whiten: bool) -> np.ndarray:
+    """The inputs centred and scaled to unit variance, constant features
+    dropped; then projected on `pca` principal directions, and whitened."""
     xs = xs - xs.mean(0)
     std = xs.std(0)
     xs = xs[:, std > 1e-12 * max(std.max(), 1e-300)]
@@ -190,7 +208,12 @@ def load_dataset(
         xs = xs @ Vt[:pca].T
     if whiten:
         xs = _whiten(xs)
+    return xs
 
+
+def _targets(labels, name: str, target: str) -> np.ndarray:
+    """The centred one-hot codes (`"onehot"`, a column per class of the set) or
+    the standardised label (`"label"`), shape `(n, k)`."""
     if target == "onehot":
         # every class of the set gets a column, also one absent from a subset
         classes = np.arange(DATASETS[name][2])
@@ -200,7 +223,7 @@ def load_dataset(
     ys = ys - ys.mean(0)
     if target == "label":
         ys = ys / ys.std(0)
-    return xs.astype(dtype), ys.astype(dtype)
+    return ys
 
 
 # --------------------------------------------------------------------------------

@@ -10,15 +10,11 @@ when read back, and a restarted sweep resumes where it stopped. The compiled
 chunk program is kept across calls with the same function and shapes.
 """
 
-import contextlib
 import hashlib
 import json
 import os
-import signal
-import sys
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -38,6 +34,7 @@ from ._checkpoint import (
     sync_chunks,
 )
 from ._checks import deferred_errors
+from ._interrupts import defer_interrupts as defer_interrupts
 from .progress import AbstractProgressMeter, NoProgressMeter, as_progress_meter
 
 
@@ -181,69 +178,6 @@ def _fingerprint(fn, grid, chunk, out_info, tag) -> str:
     for a in grid.values():
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-# --------------------------------------------------------------------------------
-# interrupts
-
-
-class _Deferred:
-    """A SIGINT handler that records the interrupt instead of raising it; a second
-    SIGINT raises `KeyboardInterrupt` at once."""
-
-    def __init__(self):
-        self.pending = False
-
-    def __call__(self, signum, frame):
-        if self.pending:
-            raise KeyboardInterrupt
-        self.pending = True
-        # os.write, not print: the main thread may be inside a write to stderr
-        # (a progress bar), and a buffered stream refuses a reentrant write
-        message = (
-            "\nnqfjax: interrupted: stopping once the chunk in progress is saved "
-            "(press Ctrl-C again to stop at once)\n"
-        )
-        try:
-            os.write(sys.stderr.fileno(), message.encode())
-        except (AttributeError, OSError, ValueError):  # no file descriptor
-            pass
-
-
-@contextlib.contextmanager
-def defer_interrupts() -> Iterator[Callable[[], bool]]:
-    """Hold SIGINT (Ctrl-C) back to the safe points of a block.
-
-    Inside the block a SIGINT only records that it came; the block asks
-    `interrupted()` at its safe points (between chunks, after a chunk is saved)
-    and raises `KeyboardInterrupt` there, and leaving the block normally raises
-    it if one came. A `KeyboardInterrupt` raised at an arbitrary bytecode --
-    in the middle of tracing, or while XLA threads run -- can leave JAX's state
-    half-changed and crash the interpreter; this keeps it out of those places.
-    A second SIGINT raises at once. Nested blocks share the outermost one's
-    record; outside the main thread (where Python runs no signal handlers) the
-    block changes nothing and `interrupted()` is always `False`.
-
-    **Returns:** a context manager yielding `interrupted() -> bool`.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if isinstance(previous, _Deferred):  # nested: the outer block raises
-        yield lambda: previous.pending
-        return
-    if previous is None:  # a handler installed from C: leave it alone
-        yield lambda: False
-        return
-    handler = _Deferred()
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield lambda: handler.pending
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if handler.pending:
-        raise KeyboardInterrupt
 
 
 # --------------------------------------------------------------------------------
@@ -425,79 +359,43 @@ def sweep(
     tag: str | None = None,
 ) -> SweepResult:
     r"""Run `fn` at every point of a hyperparameter grid: jit-compiled, vmapped, in
-    chunks, optionally sharded over devices and processes, and checkpointed.
+    chunks, optionally sharded over devices and processes, and checkpointed (the
+    how-to on sweeps shows them at work).
 
-    The grid is a *zipped* list of points: `grid = {name: values}` with every
-    `values` of the same leading length `N`, and point `i` is the keyword call
-    `fn(**{name: values[i]})`. Build a Cartesian product with `grid_product`. `fn`
-    must be traceable (`jax.jit(jax.vmap(...))` is applied to it) and return a
-    pytree of arrays; close over everything that is not swept (`functools.partial`
-    or a closure). Anything that branches on a swept value in Python (a batch
-    size, a number of steps) cannot be swept this way.
-
-    The points are processed in chunks of `chunk` points. Every chunk is padded to
-    the same shape (the last one by repeating its last point; padded results are
-    dropped), so `fn` is traced and compiled once. The compiled program is kept
-    (while `fn` lives) and reused by later calls with the same `fn`, grid shapes
-    and dtypes, mesh and `jax_enable_x64`: a second call compiles nothing. Like
-    `jax.jit`, it keys on the identity of `fn`: arrays `fn` closes over are
+    The grid is *zipped*: `grid = {name: values}`, every `values` of the same
+    leading length `N`, and point `i` is the call `fn(**{name: values[i]})`
+    (`grid_product` builds a Cartesian product). `fn` must be traceable and
+    return a pytree of arrays; close over what is not swept. Every chunk is
+    padded to the same shape (by repeating its last point), so `fn` compiles
+    once, and the program is kept (while `fn` lives) for later calls with the
+    same `fn`, grid shapes and dtypes, mesh and `jax_enable_x64`. Like
+    `jax.jit` it keys on the identity of `fn`: arrays `fn` closes over are
     constants of the program, so change `fn` (not the arrays) to change them.
 
-    **Devices.** With `mesh`, each chunk's sweep axis is split with
-    `NamedSharding(mesh, PartitionSpec(axis_name))` over the devices along the mesh
-    axis `axis_name` (replicated over any other mesh axis), the chunk padded to a
-    multiple of their number. Each device runs the vmapped `fn` on its own points
-    (`jax.shard_map`), so an adaptive solver's loop runs as long as that device's
-    points need, with no collective inside it; the results are gathered after
-    each chunk. A function that cannot be traced inside `shard_map` (today: one
-    that calls diffrax's implicit solvers, such as `solve_mflow`'s default
-    `Kvaerno5`, whose lineax solves refuse a `shard_map`'s vectors) runs as a
-    sharded `jit` instead, its loops stepping together on every device: the
-    same results, slower; `SweepResult.per_device` says which ran. For one host
-    with several devices, `Mesh(jax.devices(), ("sweep",))`; for testing on CPU,
-    `XLA_FLAGS=--xla_force_host_platform_device_count=8`.
+    **Devices and processes.** With `mesh`, each chunk is split over the devices
+    along `axis_name`, each running its own points' loops (`jax.shard_map`), or
+    in lockstep as a sharded `jit` where `fn` cannot be traced so (diffrax's
+    implicit solvers; `SweepResult.per_device`). Over several processes call
+    `sweep` identically in each: process 0 alone reads and writes the
+    checkpoint, and every process gets all results (and the progress on 0).
 
     **Runtime checks.** A library function's value checks (a negative init
-    scale, a solve that ran out of steps) do not raise on the devices: they are
-    recorded while the chunk runs and raised after it as a `SweepPointError`
-    (a `ValueError`) naming the check and the chunk's points; the chunks finished
-    before it stay in the checkpoint. Pass `throw=False` to a solver to get its
+    scale, a solve out of steps) are recorded on the devices and raised after
+    the chunk as a `SweepPointError` naming the check and the chunk's points
+    (the chunks before it are saved). Pass `throw=False` to a solver to get its
     result code as an output instead.
 
-    **Several processes.** Call `jax.distributed.initialize()` in every process,
-    build the mesh from the global `jax.devices()`, and call `sweep` with
-    identical arguments in every process (different arguments raise `ValueError`
-    in all of them). Every process gets all results. Only process 0 reads the
-    checkpoint's manifest and decides which chunks are done; it broadcasts that
-    and each chunk's hash, the others read those chunks from their own
-    `checkpoint` folder where the hashes match (a shared file system) and receive
-    the rest from process 0, so processes on hosts without a shared file system
-    agree. Only process 0 writes. A process killed mid-sweep makes the others fail
-    at their next collective; rerun all of them to resume. Without a mesh over
-    several processes, each process runs, and checkpoints, a sweep of its own
-    (give each its own folder).
+    **Checkpointing.** With `checkpoint=path` (a folder), each finished chunk is
+    written atomically, then entered with its size and SHA-256 in a manifest
+    holding the sweep's fingerprint (function name, `tag`, grid, chunk size,
+    output structure; not the *body* of `fn`: change `tag` when it changes). A
+    restarted sweep loads the chunks that match and computes the rest: a
+    damaged one is named in a `UserWarning` (and `damaged`), one the manifest
+    lacks is never loaded, another sweep's folder raises `ValueError`.
 
-    **Checkpointing.** With `checkpoint=path` (a folder), the folder holds a
-    `manifest.json` (a fingerprint of the function name, `tag`, the grid names,
-    dtypes and values, the chunk size and the output structure, and each finished
-    chunk's size and SHA-256) and one `chunk_XXXXXX.npz` per finished chunk, each
-    written atomically and then entered in the manifest. A restarted sweep loads
-    the chunks whose size and hash match the manifest and computes the rest: a
-    damaged chunk is named in a `UserWarning` (and in `damaged`) and recomputed; a
-    chunk file the manifest does not list (a partial write, or left by another
-    sweep whose manifest was deleted) is never loaded. The chunk layout does not
-    depend on the number of devices, so a sweep may be resumed on another machine.
-    A folder of a different sweep, or with a corrupt manifest, raises `ValueError`.
-    The fingerprint cannot see a change in the *body* of `fn`: change `tag` (or
-    the folder) when the function changes.
-
-    **Interrupting.** A SIGINT (Ctrl-C) stops the sweep once the chunk in progress
-    is saved, with `KeyboardInterrupt` (a second one stops at once); the
-    checkpoint stays whole either way.
-
-    **Gradients.** `fn` may itself use `jax.grad` (e.g. the gradient of a loss
-    through `solve_lv` with respect to a hyperparameter); `sweep` is a host-level
-    driver and is not itself differentiable or jit-able.
+    **Interrupting.** A SIGINT (Ctrl-C) stops the sweep with `KeyboardInterrupt`
+    once the chunk in progress is saved (a second one stops at once). `sweep` is
+    a host-level driver, not differentiable or jit-able; `fn` may use `jax.grad`.
 
     **Arguments:**
 
@@ -510,9 +408,8 @@ def sweep(
     - `chunk`: points per chunk (default: all `N` in one chunk).
     - `axis_name`: the mesh axis to shard the sweep over (default `"sweep"`).
     - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`) over the
-      chunks, whose status also says when it is tracing, reading the checkpoint
-      or compiling; `True` (default) for a `tqdm` bar, `False` for none, a string
-      for a `tqdm` bar with that label. Only process 0 shows it.
+      chunks, its status saying what is being done; `True` (default) for a
+      `tqdm` bar, `False` for none, a string for a `tqdm` bar with that label.
     - `tag`: optional string mixed into the checkpoint fingerprint.
 
     **Returns:** a `SweepResult` with `.grid` and `.outputs` (leading axis `N`).
@@ -525,30 +422,75 @@ def sweep(
     when a runtime check failed at a point.
     """
     grid, n = _check_grid(grid)
+    chunks = _Chunks(grid, n, _check_chunk(chunk, n), *_check_mesh(mesh, axis_name))
+    bar = _open_bar(progress, chunks.n_chunks)
+    with defer_interrupts() as interrupted, bar:
+        bar.status("tracing")
+        program = _chunk_program(fn, chunks.inputs(0), mesh, axis_name)
+        fingerprint = _fingerprint(fn, grid, chunks.chunk, program.out_info, tag)
+        if chunks.multi:
+            agree(fingerprint, mesh)
+        ckpt = _open_checkpoint(checkpoint, fn, tag, chunks, fingerprint)
+        results, damaged = _finished_chunks(ckpt, chunks, program.out_info, bar)
+        todo = [i for i in range(chunks.n_chunks) if i not in results]
+        last = _run_chunks(program, todo, chunks, ckpt, results, bar, interrupted)
+    devices, shard_size = _shard_devices(last[0]) if last else ((), 0)
+    return SweepResult(
+        grid={name: jnp.asarray(a) for name, a in grid.items()},
+        outputs=_join_chunks(results, program.out_info),
+        n_chunks=chunks.n_chunks,
+        n_computed=len(todo),
+        n_loaded=chunks.n_chunks - len(todo),
+        devices=devices,
+        shard_size=shard_size,
+        damaged=tuple(damaged),
+        per_device=program.per_device,
+    )
+
+
+def _check_chunk(chunk, n: int) -> int:
+    """Points per chunk: `chunk` (default: all `n`), at most `n`."""
     if chunk is None:
         chunk = n
     if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"`chunk` must be a positive integer, got {chunk!r}.")
-    chunk = int(min(chunk, n))
-    n_chunks = -(-n // chunk)
-    n_dev, sharding, multi = _check_mesh(mesh, axis_name)
-    padded = -(-chunk // n_dev) * n_dev
+    return int(min(chunk, n))
 
-    def rows(i: int) -> int:
+
+class _Chunks:
+    """How the `n` grid points are cut: `chunk` points per chunk, each padded to
+    `padded` (a multiple of the `n_dev` devices along the sweep axis) by
+    repeating its last point, placed with `sharding` (`None`: no mesh); `multi`:
+    whether the mesh spans several processes."""
+
+    def __init__(self, grid, n, chunk, n_dev, sharding, multi):
+        self.grid, self.n, self.chunk = grid, n, chunk
+        self.n_chunks = -(-n // chunk)
+        self.padded = -(-chunk // n_dev) * n_dev
+        self.sharding, self.multi = sharding, multi
+
+    def rows(self, i: int) -> int:
         """Number of real (unpadded) points in chunk `i`."""
-        return min((i + 1) * chunk, n) - i * chunk
+        return min((i + 1) * self.chunk, self.n) - i * self.chunk
 
-    def chunk_inputs(i: int) -> dict[str, Any]:
-        idx = np.arange(i * chunk, i * chunk + padded)
-        idx = np.minimum(idx, i * chunk + rows(i) - 1)  # pad: repeat the last point
-        host = {name: a[idx] for name, a in grid.items()}
-        if sharding is None:
+    def inputs(self, i: int) -> dict[str, Any]:
+        """Chunk `i`'s padded grid points, on the devices."""
+        start = i * self.chunk
+        idx = np.arange(start, start + self.padded)
+        idx = np.minimum(idx, start + self.rows(i) - 1)  # pad: repeat the last point
+        host = {name: a[idx] for name, a in self.grid.items()}
+        if self.sharding is None:
             return {name: jnp.asarray(a) for name, a in host.items()}
         return {
-            name: jax.make_array_from_callback(a.shape, sharding, lambda s, a=a: a[s])
+            name: jax.make_array_from_callback(
+                a.shape, self.sharding, lambda s, a=a: a[s]
+            )
             for name, a in host.items()
         }
 
+
+def _open_bar(progress, n_chunks: int):
+    """The progress bar over the chunks (shown by process 0 only)."""
     if isinstance(progress, str):  # a label for the default meter
         meter = as_progress_meter(bool(progress))
         label = progress
@@ -556,76 +498,84 @@ def sweep(
         meter, label = as_progress_meter(progress), "sweep"
     if jax.process_index() != 0:
         meter = NoProgressMeter()
-    bar = meter.bar(n_chunks, label, unit="chunk")
-    with defer_interrupts() as interrupted, bar:
-        bar.status("tracing")
-        program = _chunk_program(fn, chunk_inputs(0), mesh, axis_name)
-        leaf_info = jax.tree.leaves(program.out_info)
+    return meter.bar(n_chunks, label, unit="chunk")
 
-        def expected(i: int):
-            return [((rows(i), *s.shape[1:]), np.dtype(s.dtype)) for s in leaf_info]
 
-        fingerprint = _fingerprint(fn, grid, chunk, program.out_info, tag)
-        if multi:
-            agree(fingerprint, mesh)
-        ckpt = None
-        if checkpoint is not None:
-            meta = {
-                "format": _FORMAT,
-                "fn": _fn_name(fn),
-                "tag": tag,
-                "names": list(grid),
-                "n_points": n,
-                "chunk": chunk,
-                "n_chunks": n_chunks,
-            }
-            writer = not multi or jax.process_index() == 0
-            ckpt = Checkpoint(checkpoint, fingerprint, meta, writer=writer)
-        if multi or ckpt is not None:
-            bar.status("reading the checkpoint")
-        if multi:
-            results, damaged = sync_chunks(ckpt, n_chunks, expected)
-        elif ckpt is not None:
-            done, damaged = load_chunks(ckpt, expected)
-            results = {i: leaves for i, (_, leaves) in done.items()}
-        else:
-            results, damaged = {}, []
-        n_loaded = len(results)
-        bar.update(n_loaded)
-        todo = [i for i in range(n_chunks) if i not in results]
-        out_leaves = []
-        if todo:
-            bar.status("compiling")
-            compiled = program.compiled()
-        bar.status("")
-        for i in todo:
-            if any_process(interrupted(), multi):
-                raise KeyboardInterrupt
-            # the runtime checks of the library's functions are recorded, not
-            # raised, on the devices, and raised here once the chunk is done
-            with deferred_errors() as failed:
-                out_leaves = jax.tree.leaves(compiled(chunk_inputs(i)))
-                leaves = [_to_host(x)[: rows(i)] for x in out_leaves]
-            if any_process(bool(failed), multi):
-                raise _point_error(failed, i, rows(i), chunk, grid, ckpt)
-            if ckpt is not None and ckpt.writer:
-                ckpt.write(i, serialise(leaves))
-            results[i] = leaves
-            bar.update(1)
+def _open_checkpoint(checkpoint, fn, tag, chunks: _Chunks, fingerprint: str):
+    """The sweep's `Checkpoint` (`None` without a folder); only process 0 of a
+    multi-process sweep writes."""
+    if checkpoint is None:
+        return None
+    meta = {
+        "format": _FORMAT,
+        "fn": _fn_name(fn),
+        "tag": tag,
+        "names": list(chunks.grid),
+        "n_points": chunks.n,
+        "chunk": chunks.chunk,
+        "n_chunks": chunks.n_chunks,
+    }
+    writer = not chunks.multi or jax.process_index() == 0
+    return Checkpoint(checkpoint, fingerprint, meta, writer=writer)
 
-    devices, shard_size = _shard_devices(out_leaves[0]) if out_leaves else ((), 0)
+
+def _finished_chunks(ckpt, chunks: _Chunks, out_info, bar) -> tuple[dict, list]:
+    """The chunks already done, `{i: leaves}` (read from the checkpoint; over
+    several processes, as process 0 read them), counted on `bar`, and the
+    damaged chunk files."""
+    leaf_info = jax.tree.leaves(out_info)
+
+    def expected(i: int):
+        rows = chunks.rows(i)
+        return [((rows, *s.shape[1:]), np.dtype(s.dtype)) for s in leaf_info]
+
+    if chunks.multi or ckpt is not None:
+        bar.status("reading the checkpoint")
+    if chunks.multi:
+        results, damaged = sync_chunks(ckpt, chunks.n_chunks, expected)
+    elif ckpt is not None:
+        done, damaged = load_chunks(ckpt, expected)
+        results = {i: leaves for i, (_, leaves) in done.items()}
+    else:
+        results, damaged = {}, []
+    bar.update(len(results))
+    return results, damaged
+
+
+def _run_chunks(program, todo, chunks: _Chunks, ckpt, results, bar, interrupted):
+    """Compile `program` if a chunk is to do, and compute the chunks `todo` into
+    `results` (`i -> leaves` on the host), each saved to the checkpoint when it
+    is done; stop at a chunk boundary after a SIGINT. Returns the last chunk's
+    output leaves on the devices."""
+    if todo:
+        bar.status("compiling")
+        compiled = program.compiled()
+    bar.status("")
+    out_leaves = []
+    for i in todo:
+        if any_process(interrupted(), chunks.multi):
+            raise KeyboardInterrupt
+        # the runtime checks of the library's functions are recorded, not
+        # raised, on the devices, and raised here once the chunk is done
+        with deferred_errors() as failed:
+            out_leaves = jax.tree.leaves(compiled(chunks.inputs(i)))
+            leaves = [_to_host(x)[: chunks.rows(i)] for x in out_leaves]
+        if any_process(bool(failed), chunks.multi):
+            raise _point_error(
+                failed, i, chunks.rows(i), chunks.chunk, chunks.grid, ckpt
+            )
+        if ckpt is not None and ckpt.writer:
+            ckpt.write(i, serialise(leaves))
+        results[i] = leaves
+        bar.update(1)
+    return out_leaves
+
+
+def _join_chunks(results: dict, out_info) -> PyTree:
+    """The chunks' leaves concatenated along the sweep axis, as `fn`'s pytree."""
+    n_leaves = len(jax.tree.leaves(out_info))
     flat = [
-        jnp.asarray(np.concatenate([results[i][j] for i in range(n_chunks)], axis=0))
-        for j in range(len(leaf_info))
+        jnp.asarray(np.concatenate([results[i][j] for i in sorted(results)], axis=0))
+        for j in range(n_leaves)
     ]
-    return SweepResult(
-        grid={name: jnp.asarray(a) for name, a in grid.items()},
-        outputs=jax.tree.unflatten(jax.tree.structure(program.out_info), flat),
-        n_chunks=n_chunks,
-        n_computed=len(todo),
-        n_loaded=n_loaded,
-        devices=devices,
-        shard_size=shard_size,
-        damaged=tuple(damaged),
-        per_device=program.per_device,
-    )
+    return jax.tree.unflatten(jax.tree.structure(out_info), flat)

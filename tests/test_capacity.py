@@ -13,7 +13,7 @@ import scipy.optimize
 
 import nqfjax
 from nqfjax.experiments.finite_data import _draw
-from nqfjax.theory._psd_solvers import _kkt, _operator_norm
+from nqfjax.theory._psd_solvers import _operator_norm, kkt_residuals
 
 
 D = 6
@@ -204,7 +204,7 @@ def test_kkt_certificate(sampled):
     # perturbation of M
     early = nqfjax.converged_solution(task, lam, max_steps=3, throw=False)
     assert not bool(early.converged) and float(early.kkt_residual) > 1e-4
-    stat, _, _ = _kkt(task, lam, 1.01 * sol.M)
+    stat, _, _ = kkt_residuals(task, lam, 1.01 * sol.M)
     assert float(stat) > 1e-4
 
     # and no PSD point nearby is lower: random PSD perturbations of the optimum

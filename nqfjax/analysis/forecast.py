@@ -178,23 +178,14 @@ def forecast(
     Fits the power-law mode spectrum with a floor (see the module notes) to the
     observed `(ts, loss)` by least squares in $\log L$ (`fit_spectrum`'s
     starts, each with a few floors, Adam and `optimistix.LevenbergMarquardt`),
-    and continues it to `until`. The band joins three parts, all batched
-    (vmapped, compiled once):
-
-    - the fit's noise: the central `level` of the model over `n_draws`
-      parameter vectors drawn from its Laplace covariance (the curvature of
-      the misfit, so a poorer fit has a wider band);
-    - the window: the central `level` of the forecasts of `n_windows` refits
-      (Levenberg-Marquardt from the optimum) on the prefix with its end cut by
-      up to `shrink` of its span in $\log t$ (a model that is not quite the
-      run's extrapolates differently from less data);
-    - the initial sizes: random initial weights give each mode its own
-      $\epsilon_k$, scattered by about one e-fold, which moves a switch-on by
-      $1/\ln(m^*/\epsilon)$ of its time: the model at $t (1 \pm \delta)$,
-      $\delta = 1/\ln(1/\epsilon)$;
-
-    down to the model without its floor, widened by twice the rms misfit in
-    $\log L$ and at least 2% (the model's own error). The
+    and continues it to `until`. The band (see the how-to on loss curves) joins
+    the central `level` of the model over `n_draws` parameter draws from the
+    fit's Laplace covariance (the noise) and of `n_windows` refits on the
+    prefix with its end cut by up to `shrink` of its span in $\log t$ (the
+    window), and the model at $t (1 \pm \delta)$, $\delta = 1/\ln(1/\epsilon)$
+    (the modes' scattered initial sizes); it reaches down to the model without
+    its floor and is widened by twice the rms misfit in $\log L$ and at least
+    2% (the model's own error). The
     model is differentiable in its parameters (closed-form logistic modes and
     the sharp-switch continuum), so the forecast can be pushed through
     `jax.grad` by calling the model directly.
@@ -219,21 +210,9 @@ def forecast(
     8 positive points, or bad options.
     """
     t, y = host_curve(ts, loss)
-    until = float(until)
-    if not (np.isfinite(until) and until > t[-1]):
-        raise ValueError(f"`until` must be after the last time {t[-1]:g}, got {until}.")
-    if not 0 < level < 1:
-        raise ValueError(f"`level` must be in (0, 1), got {level}.")
-    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-        raise ValueError(f"`p` must be a positive int, got {p!r}.")
-    n_modes = check_n_modes(n_modes, int(p))
-    if int(n_windows) < 1 or not 0 <= shrink < 1:
-        raise ValueError(
-            f"`n_windows` must be >= 1 and `shrink` in [0, 1), got {n_windows}, "
-            f"{shrink}."
-        )
-    if int(n_points) < 2:
-        raise ValueError(f"`n_points` must be >= 2, got {n_points}.")
+    until, n_modes = _check_forecast_options(
+        t, until, p, n_modes, n_points, level, n_windows, shrink
+    )
     grid = np.geomspace(
         max(t[-1], t[t > 0][0] if np.any(t > 0) else 1.0), until, n_points
     )
@@ -245,59 +224,35 @@ def forecast(
     if use.sum() < 8:
         raise ValueError(f"need at least 8 positive points, got {int(use.sum())}.")
     ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
-    starts = spectrum_starts(t, y, use, int(p), n_modes)
-    floors = np.log(np.min(y[use])) + np.log([1e-8, 0.3])
-    starts = np.concatenate(
-        [np.column_stack([starts, np.full(len(starts), f)]) for f in floors]
-    )
-    theta, cov, rms = _fit(
-        jnp.asarray(t, dtype),
-        jnp.asarray(ly, dtype),
-        jnp.asarray(use, dtype),
-        jnp.asarray(starts, dtype),
-        int(p),
-        n_modes,
-        int(steps),
-    )
+    theta, cov, rms = _fit_prefix(t, y, ly, use, int(p), n_modes, int(steps), dtype)
     key = jax.random.key(0) if key is None else key
     at = jnp.asarray(grid, dtype)
     centre = np.asarray(_log_model(theta, at, int(p), n_modes))
-    draws = np.asarray(_draws(theta, cov, key, at, int(p), n_modes, int(n_draws)))
-    # the window: the fit redone on prefixes cut short at their end, their
-    # forecasts' spread joins the draws (a model that is not quite the run's
-    # extrapolates differently from less data; this is what shows it)
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
-    rows = _shortened(t, use, int(n_windows), float(shrink), rng)
-    windows = np.asarray(
-        _refits(
-            jnp.asarray(t, dtype),
-            jnp.asarray(ly, dtype),
-            jnp.asarray(rows, dtype),
-            theta,
-            at,
-            int(p),
-            n_modes,
-        )
+    lower, upper = _band(
+        theta,
+        cov,
+        rms,
+        centre,
+        t,
+        ly,
+        use,
+        at,
+        int(p),
+        n_modes,
+        level,
+        int(n_draws),
+        int(n_windows),
+        float(shrink),
+        key,
     )
-    tail = (1 - level) / 2
-    lo, hi = np.nanquantile(draws, [tail, 1 - tail], axis=0)
-    if np.any(np.isfinite(windows)):
-        w_lo, w_hi = np.nanquantile(windows, [tail, 1 - tail], axis=0)
-        lo, hi = np.fmin(lo, w_lo), np.fmax(hi, w_hi)
-    # each mode's own initial size: random initial weights scatter ln eps_k
-    # by about one e-fold, which moves mode k's switch-on by 1 / ln(m*_k /
-    # eps) of its time; the band holds the model moved by that in time
-    delta = float(np.clip(1.0 / max(-float(theta[2]), 1.0), 0.01, 0.5))
-    for factor in (1 - delta, 1 + delta):
-        moved = np.asarray(_log_model_at(theta, at * factor, int(p), n_modes))
-        lo, hi = np.fmin(lo, moved), np.fmax(hi, moved)
-    # a floor below the observed losses is not seen by the prefix: the band
-    # reaches down to the spectrum without it
-    bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
-    widen = max(2 * float(rms), _MODEL_ERROR)
-    lower = np.exp(np.minimum(np.minimum(lo, centre), bare) - widen)
-    upper = np.exp(np.maximum(hi, centre) + widen)
-    times, modes = _switch_ons(np.asarray(theta), t[-1], until, int(p))
+    return _result(grid, centre, lower, upper, theta, rms, t[-1], until, int(p))
+
+
+def _result(grid, centre, lower, upper, theta, rms, last, until, p) -> Forecast:
+    """The `Forecast` of the fitted `theta`: its `centre` (log loss) and band on
+    `grid`, and the modes switching on between `last` and `until`."""
+    times, modes = _switch_ons(np.asarray(theta), last, until, p)
+    dtype = theta.dtype
     as_array = lambda a: jnp.asarray(a, dtype)
     return Forecast(
         ts=as_array(grid),
@@ -315,9 +270,109 @@ def forecast(
         eps=jnp.exp(theta[2]),
         rate=jnp.exp(theta[3]),
         amplitude=jnp.exp(theta[4]),
-        observed_until=float(t[-1]),
+        observed_until=float(last),
         rms=rms,
     )
+
+
+def _check_forecast_options(t, until, p, n_modes, n_points, level, n_windows, shrink):
+    """`forecast`'s options checked (a `ValueError` naming the bad one):
+    `(until, n_modes)` as a float and the total number of modes."""
+    until = float(until)
+    if not (np.isfinite(until) and until > t[-1]):
+        raise ValueError(f"`until` must be after the last time {t[-1]:g}, got {until}.")
+    if not 0 < level < 1:
+        raise ValueError(f"`level` must be in (0, 1), got {level}.")
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"`p` must be a positive int, got {p!r}.")
+    n_modes = check_n_modes(n_modes, int(p))
+    if int(n_windows) < 1 or not 0 <= shrink < 1:
+        raise ValueError(
+            f"`n_windows` must be >= 1 and `shrink` in [0, 1), got {n_windows}, "
+            f"{shrink}."
+        )
+    if int(n_points) < 2:
+        raise ValueError(f"`n_points` must be >= 2, got {n_points}.")
+    return until, n_modes
+
+
+def _fit_prefix(t, y, ly, use, p, n_modes, steps, dtype):
+    """The model fitted to the prefix: `(theta, cov, rms)`, from
+    `fit_spectrum`'s starts, each with two floors."""
+    starts = spectrum_starts(t, y, use, p, n_modes)
+    floors = np.log(np.min(y[use])) + np.log([1e-8, 0.3])
+    starts = np.concatenate(
+        [np.column_stack([starts, np.full(len(starts), f)]) for f in floors]
+    )
+    return _fit(
+        jnp.asarray(t, dtype),
+        jnp.asarray(ly, dtype),
+        jnp.asarray(use, dtype),
+        jnp.asarray(starts, dtype),
+        p,
+        n_modes,
+        steps,
+    )
+
+
+def _band(
+    theta,
+    cov,
+    rms,
+    centre,
+    t,
+    ly,
+    use,
+    at,
+    p,
+    n_modes,
+    level,
+    n_draws,
+    n_windows,
+    shrink,
+    key,
+):
+    """The band's `(lower, upper)` at `at`: the central `level` of parameter
+    draws and of refits on shortened prefixes, the model moved in time by the
+    initial sizes' scatter, down to the model without its floor, widened by
+    twice the rms misfit (see `forecast`)."""
+    dtype = at.dtype
+    draws = np.asarray(_draws(theta, cov, key, at, p, n_modes, n_draws))
+    # the window: the fit redone on prefixes cut short at their end, their
+    # forecasts' spread joins the draws (a model that is not quite the run's
+    # extrapolates differently from less data; this is what shows it)
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+    rows = _shortened(t, use, n_windows, shrink, rng)
+    windows = np.asarray(
+        _refits(
+            jnp.asarray(t, dtype),
+            jnp.asarray(ly, dtype),
+            jnp.asarray(rows, dtype),
+            theta,
+            at,
+            p,
+            n_modes,
+        )
+    )
+    tail = (1 - level) / 2
+    lo, hi = np.nanquantile(draws, [tail, 1 - tail], axis=0)
+    if np.any(np.isfinite(windows)):
+        w_lo, w_hi = np.nanquantile(windows, [tail, 1 - tail], axis=0)
+        lo, hi = np.fmin(lo, w_lo), np.fmax(hi, w_hi)
+    # each mode's own initial size: random initial weights scatter ln eps_k
+    # by about one e-fold, which moves mode k's switch-on by 1 / ln(m*_k /
+    # eps) of its time; the band holds the model moved by that in time
+    delta = float(np.clip(1.0 / max(-float(theta[2]), 1.0), 0.01, 0.5))
+    for factor in (1 - delta, 1 + delta):
+        moved = np.asarray(_log_model_at(theta, at * factor, p, n_modes))
+        lo, hi = np.fmin(lo, moved), np.fmax(hi, moved)
+    # a floor below the observed losses is not seen by the prefix: the band
+    # reaches down to the spectrum without it
+    bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, p, n_modes))
+    widen = max(2 * float(rms), _MODEL_ERROR)
+    lower = np.exp(np.minimum(np.minimum(lo, centre), bare) - widen)
+    upper = np.exp(np.maximum(hi, centre) + widen)
+    return lower, upper
 
 
 def _nothing(grid, last, reason, dtype) -> Forecast:

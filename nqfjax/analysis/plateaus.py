@@ -98,41 +98,33 @@ def detect_plateaus(
     equally resolved at every time scale:
 
     1. a robust local level $y = \ln\max(L, \text{floor})$ (in effect a
-       log-binning, for records of every step): around each of
-       `n_grid` points in $\log_{10} t$, the median of the samples within
-       `smooth` decades, or of the `min_samples` nearest where the samples are
-       sparser (any spacing works: log-spaced, or every SGD step, which is
-       sparse in log-time at early times), placed at the median log-time of
-       its samples; the median removes spikes, the spread of the samples gives
-       each level a standard error. The analysis grid spans these centres;
+       log-binning): around each of `n_grid` points in $\log_{10} t$, the median
+       of the samples within `smooth` decades, or of the `min_samples` nearest
+       where they are sparser (any spacing works, even every SGD step), placed
+       at their median log-time; the median removes spikes, the samples'
+       spread gives each level a standard error;
     2. a Gaussian of standard deviation `smooth` decades averages the noise;
     3. the log-slope $s = d\ln L / d\ln t$ by finite differences. Drops are
-       where $|s| >$ `drop_slope` (a switch-on is steep in log-log: the loss
-       falls by O(1) within a fraction of its time), with calm gaps shorter
-       than `min_length` inside a drop closed, and a steep run that changes
-       the level by less than `min_drop` or than 4 standard errors dropped as
-       a wiggle of the noise. The stretches between drops lasting at least
-       `min_length` decades are the candidates;
-    4. a candidate is a plateau if it has a flat core: where the slope
-       averaged over `min_length` decades is below `2 slope_tol`, and where the
-       spike-robust least-squares slope of the raw samples (from the first to
-       the last core point) is below `slope_tol` to within one standard error
-       and known to better than `slope_tol / 2`; between two drops, also where
-       that slope plus its error is below a quarter of both drops' mean
-       steepness (a tilted or short plateau between two switch-ons; a power
-       law's wiggles are as steep as the curve between them). Its level is the
-       median of those samples, with its standard error. A curve without any
-       drop is one plateau if its fitted
-       log-log slope is below `slope_tol`, else it has none (a power law
-       $t^{-\gamma}$ with `slope_tol` $< \gamma$);
+       where $|s| >$ `drop_slope` (a switch-on is steep in log-log), with calm
+       gaps shorter than `min_length` inside a drop closed, and a steep run
+       changing the level by less than `min_drop` or 4 standard errors dropped
+       as noise. The stretches between drops of at least `min_length` decades
+       are the candidates;
+    4. a candidate is a plateau if it has a flat core: where the slope averaged
+       over `min_length` decades is below `2 slope_tol`, and the spike-robust
+       least-squares slope of the raw samples there is below `slope_tol` to
+       within one standard error and known to better than `slope_tol / 2`;
+       between two drops, also where that slope plus its error is below a
+       quarter of both drops' mean steepness (a tilted or short plateau; a
+       power law's wiggles are as steep as the curve between them). Its level
+       is the median of those samples, with its standard error. A curve
+       without a drop is one plateau if its log-log slope is below `slope_tol`,
+       else none (a power law $t^{-\gamma}$ with `slope_tol` $< \gamma$);
     5. neighbouring plateaus whose levels differ by less than a fraction
        `min_drop` are merged.
 
     A plateau's `start` and `end` are the ends of its stretch between drops.
-
-    Eager only: it runs in numpy on concrete arrays (the number of plateaus
-    depends on the data); under `jax.jit`, `vmap`, `grad` or `shard_map` it
-    raises a `ValueError` saying so.
+    Eager only (numpy): under a JAX transformation it raises a `ValueError`.
 
     **Arguments:**
 
@@ -176,24 +168,22 @@ def detect_plateaus(
         return _no_plateaus(
             "no plateau: the loss is 0 everywhere (nothing to place on a log scale)"
         )
-    u = np.log10(ts)
-    y_raw = np.log(np.maximum(loss, floor))
+    u, floored = np.log10(ts), np.maximum(loss, floor)
+    y_raw = np.log(floored)
     sigma = log_noise(y_raw)
     if min_samples is None:
         min_samples = int(np.clip(np.ceil((sigma / 0.04) ** 2), 3, 9))
     grid, y, se = _local_levels(u, y_raw, smooth, int(min_samples), int(n_grid), sigma)
     calm = _calm(grid, y, se, drop_slope, min_length, min_drop)
     found = _flat_stretches(
-        u,
-        y_raw,
-        np.maximum(loss, floor),
-        grid,
-        y,
-        calm,
-        slope_tol,
-        min_length,
-        min_drop,
+        u, y_raw, floored, grid, y, calm, slope_tol, min_length, min_drop
     )
+    return _plateaus(found, grid, y, se, ts)
+
+
+def _plateaus(found, grid, y, se, ts) -> Plateaus:
+    """The `Plateaus` of the flat stretches `found` on the log-time `grid` (`y`:
+    the smoothed log loss, `se` its standard error; `ts`: the data's times)."""
     starts = np.array([10 ** grid[f.first] for f in found])
     ends = np.array([10 ** grid[f.last] for f in found])
     if found:  # a plateau at an end of the grid extends to the end of the data

@@ -336,59 +336,36 @@ def fit_power_law(
 ) -> PowerLawFit:
     r"""Fit $L(t) = L_\infty + c\,(t + t_0)^{-\gamma}$ to a loss curve.
 
-    `c`, `t0` and `gamma` are kept positive by fitting their logarithms,
-    `L_inf` enters linearly (a floor the data cannot tell from 0 keeps a finite
-    error); time and loss are rescaled to order one inside the window. The
-    objective is the mean Huber loss (threshold `huber_delta`) of the
-    residuals of $\log L$, so multiplicative noise is weighted evenly across
-    decades and a few outliers (a step of a staircase) do not dominate.
-    `n_starts` starts (the first from a log-log linear regression, the others
-    random perturbations of it drawn with `key`) each run `steps` of Adam
-    (optax, cosine decay) to find a basin, then at most 30 steps of
-    `optimistix.LevenbergMarquardt` to converge it, from each start; the
-    best start wins.
+    `c`, `t0` and `gamma` are fitted by their logarithms, `L_inf` linearly (a
+    floor the data cannot tell from 0 keeps a finite error), on time and loss
+    rescaled to order one in the window. The objective is the mean Huber loss
+    (threshold `huber_delta`) of the residuals of $\log L$: multiplicative noise
+    weighs evenly across decades, and an outlier (a step) does not dominate.
+    `n_starts` starts (a log-log regression and random perturbations of it)
+    each run `steps` of Adam, then at most 30 steps of
+    `optimistix.LevenbergMarquardt`; the best wins.
 
-    **Window.** With `window=None` it is chosen automatically: the longest range of
-    $\log t$ over which the local log-log slope (a least-squares slope over half a
-    decade) stays within 5% of its median, plus twice its standard error (so
-    noise alone does not end the window), and over which the curve is as smooth
-    on that scale as its smoothest quarter (white noise passes, a resolved
-    staircase of switch-ons does not), with a median slope above 0.05. Where
-    `detect_plateaus` finds a drop between two plateaus inside that range, the
-    search starts again after the last such drop (a resolved staircase is no
-    power law). This drops an initial plateau or staircase and a final floor
-    or finite-size cutoff; the window used is reported in the result. Give
-    `window=(t_lo, t_hi)` to fix it (e.g. from the switch-on times of the
-    theory).
+    **Window.** `window=None` chooses it: the longest range of $\log t$ where
+    the local log-log slope (over half a decade) stays within 5% of its median,
+    plus twice its standard error, with a median above 0.05, and the curve is
+    as smooth as its smoothest quarter (white noise passes, a resolved
+    staircase does not); where `detect_plateaus` finds a drop inside it, the
+    search starts again after the last one. This drops an initial plateau or
+    staircase and a final floor or cutoff. Or give `window=(t_lo, t_hi)`.
 
-    **Uncertainty of gamma.** `"systematic"` (default): the statistical error
-    from a wild block bootstrap of the residuals (`n_bootstrap` refits of the
-    fitted curve plus the residuals with random signs per block of
-    neighbouring points: the noise, its level along the curve and its
-    correlation; not below the Laplace error), plus the drift of the exponent
-    when the window is shrunk at both ends by up to 15% of its span in
-    $\log t$ (where the power law is taken to start and end) beyond twice
-    what the noise explains; floored at 0.01% of `gamma`. It includes the
-    systematic part that a single window hides: on simulated curves (power
-    laws and staircases turning into power laws, 0-10% noise, linear and log
-    sampling) the 1- and 2-sigma intervals cover the truth on 60-75% and over
-    90% of curves (see the calibration test). `"laplace"`: the Gauss-Newton
-    curvature of the squared log-residuals at the optimum,
-    $\Sigma = s^2 (J^\top J)^{+}$ with $s^2 = \sum_i \rho_i^2/(n - 4)$; valid
-    for independent noise on the right model, an underestimate otherwise.
-    `"bootstrap"`: the standard deviation of `gamma` over `n_bootstrap` refits
-    on resampled points (pairs bootstrap).
+    **Uncertainty of gamma** (see the how-to on loss curves). `"systematic"`
+    (default): a wild block bootstrap of the residuals (`n_bootstrap` refits;
+    not below the Laplace error) plus the exponent's drift when the window is
+    shrunk at both ends by up to 15% of its span in $\log t$, beyond twice what
+    the noise explains; floored at 0.01% of `gamma`. `"laplace"`: the
+    Gauss-Newton curvature at the optimum, $\Sigma = s^2 (J^\top J)^{+}$, $s^2 =
+    \sum_i \rho_i^2/(n - 4)$ (an underestimate off the model). `"bootstrap"`:
+    the spread of `gamma` over `n_bootstrap` refits on resampled points.
 
-    **Long records.** A window of more than 512 points (a record of every
-    step) is log-binned first: the mean of $\log L$ over 511 bins equally
-    spaced in $\log t$, weighted by their counts (the same least-squares
-    problem), so that every decade is resolved alike and one compilation
-    serves every curve.
-
-    Eager only: not differentiable or jit-able as a whole (the window is chosen
-    on the host, in numpy), so under `jax.jit`, `vmap`, `grad` or `shard_map` it
-    raises a `ValueError` saying so; the fits themselves are one jit-compiled
-    call.
+    A window of more than 512 points is log-binned first (511 bins equally
+    spaced in $\log t$, weighted by their counts: the same least-squares
+    problem, one compilation for every curve). Eager only (the window is
+    chosen in numpy): under a JAX transformation it raises a `ValueError`.
 
     **Arguments:**
 
@@ -402,12 +379,10 @@ def fit_power_law(
     - `n_bootstrap`: bootstrap replicates.
     - `key`: PRNG key for the starts and the bootstrap (default `key(0)`).
 
-    **Nothing to fit.** A loss that is zero, flat within its noise or rising
-    (`found=False`, NaN numbers, and the `reason`), an automatic window search
-    that finds no falling range (or only a staircase), a fitted exponent below
-    twice its error, a fitted curve that falls by less than 5% over its window
-    or is in its power-law regime (`t > t0`) over less than a decade of it
-    (a single drop) gives no power law.
+    **Nothing to fit** (`found=False`, NaN numbers, the `reason`): a loss that
+    is zero, flat or rising, no falling range (or only a staircase), an
+    exponent below twice its error, a fitted curve falling by less than 5% over
+    its window or a power law (`t > t0`) over less than a decade of it.
 
     **Returns:** a `PowerLawFit` (callable: the fitted curve).
 
@@ -417,6 +392,33 @@ def fit_power_law(
     """
     eager_only("fit_power_law", "the window is chosen on the host", ts=ts, loss=loss)
     t, y = host_curve(ts, loss)
+    window = _check_fit_options(uncertainty, n_starts, window)
+    nothing = nothing_to_fit(t, y)
+    if nothing:
+        return _no_power_law(nothing, uncertainty)
+    if window is None:
+        window, reason = _auto_window_after_staircase(t, y)
+        if window is None:
+            return _no_power_law(reason, uncertainty)
+    sel = _window_points(t, y, window)
+    fit = _fit_in_window(
+        t[sel],
+        y[sel],
+        n_starts=n_starts,
+        steps=steps,
+        learning_rate=learning_rate,
+        huber_delta=huber_delta,
+        uncertainty=uncertainty,
+        n_bootstrap=n_bootstrap,
+        key=jax.random.key(0) if key is None else key,
+    )
+    reason = _insignificant(fit)
+    return _no_power_law(reason, uncertainty) if reason else fit
+
+
+def _check_fit_options(uncertainty, n_starts, window) -> tuple[float, float] | None:
+    """`fit_power_law`'s options checked (a `ValueError` naming the bad one), and
+    the `window` as floats."""
     if uncertainty not in ("systematic", "laplace", "bootstrap"):
         raise ValueError(
             "`uncertainty` must be 'systematic', 'laplace' or 'bootstrap', got "
@@ -430,13 +432,11 @@ def fit_power_law(
             raise ValueError(
                 f"`window` must be (t_lo, t_hi) with t_lo < t_hi, got {window}."
             )
-    nothing = nothing_to_fit(t, y)
-    if nothing:
-        return _no_power_law(nothing, uncertainty)
-    if window is None:
-        window, reason = _auto_window_after_staircase(t, y)
-        if window is None:
-            return _no_power_law(reason, uncertainty)
+    return window
+
+
+def _window_points(t, y, window) -> np.ndarray:
+    """Which points are in `window` with a positive loss (at least 6)."""
     sel = (t >= window[0]) & (t <= window[1]) & (y > 0)
     n = int(sel.sum())
     if n < 6:
@@ -444,16 +444,30 @@ def fit_power_law(
             f"need at least 6 points with positive loss in the window {window}, got "
             f"{n}."
         )
-    window = (float(t[sel][0]), float(t[sel][-1]))
-    # Rescale to order one inside the window; log-bin long records; pad to
-    # `_LENGTH` with zero weights (one compilation for every curve).
-    t_ref = t[sel][-1]
-    l_ref = np.exp(np.mean(np.log(y[sel])))
-    tb, lyb, wb, within = log_bins(t[sel] / t_ref, np.log(y[sel] / l_ref))
-    m = tb.size
+    return sel
+
+
+def _fit_in_window(
+    tw,
+    yw,
+    *,
+    n_starts,
+    steps,
+    learning_rate,
+    huber_delta,
+    uncertainty,
+    n_bootstrap,
+    key,
+) -> PowerLawFit:
+    """The fit to the window's points `(tw, yw)` (positive losses), on time and
+    loss rescaled to order one; long records log-binned, every curve padded to
+    `_LENGTH` with zero weights (one compilation for every curve), the rms and
+    the Laplace error counting the scatter within the bins."""
+    n = tw.size
+    t_ref, l_ref = tw[-1], np.exp(np.mean(np.log(yw)))
+    tb, lyb, wb, within = log_bins(tw / t_ref, np.log(yw / l_ref))
     u, ly = pad_bins(tb, lyb)
-    w = np.concatenate([wb, np.zeros(_LENGTH - m)])
-    key = jax.random.key(0) if key is None else key
+    w = np.concatenate([wb, np.zeros(_LENGTH - tb.size)])
     key_starts, key_boot = jax.random.split(key)
     dtype = jnp.result_type(float)
     u_j, y_j, w_j = (jnp.asarray(a, dtype) for a in (u, ly, w))
@@ -480,19 +494,17 @@ def fit_power_law(
             n_bootstrap,
             key_boot,
         )
-    fit = PowerLawFit(
+    return PowerLawFit(
         gamma=jnp.exp(theta[3]),
         gamma_err=gamma_err,
         L_inf=theta[0] * l_ref,
         c=jnp.exp(theta[1]) * l_ref * t_ref ** jnp.exp(theta[3]),
         t0=jnp.exp(theta[2]) * t_ref,
-        window=window,
+        window=(float(tw[0]), float(tw[-1])),
         n_points=n,
         rms=rms,
         uncertainty=uncertainty,
     )
-    reason = _insignificant(fit)
-    return _no_power_law(reason, uncertainty) if reason else fit
 
 
 def _resampled_error(

@@ -22,8 +22,7 @@ from ..structures.quadratic import QuadraticNet
 from ..sweep import grid_product, sweep
 from ..tasks.gaussian import gaussian_quadratic_task
 from ..tasks.sampled import task_from_samples
-from ..theory._psd_solvers import _kkt
-from ..theory.capacity import _options, _solve
+from ..theory._psd_solvers import kkt_residuals, minimise, solver_options
 
 
 # --------------------------------------------------------------------------------
@@ -112,7 +111,7 @@ def _finite_data_point(
     mask = jnp.arange(p) < width
     key = jr.fold_in(jr.key(seed), 1)
     if method == "solution":
-        M = _solve(task, lam, mask, key, opts, capped).M
+        M = minimise(task, lam, mask, key, opts, capped)[0]
     elif method == "mflow":
         W0 = run["init_scale"] * jr.normal(key, (p, p), dtype) * mask[None, :]
         ts = jnp.asarray([run["num_steps"]], dtype)
@@ -134,16 +133,38 @@ def _finite_data_point(
             record_at=(run["num_steps"],),
         )
         M = res.M[-1]
-    stat, _, _ = _kkt(task, lam, M)
+    stat, _, _ = kkt_residuals(task, lam, M)
     return pop.loss(M), task.loss(M) / frac, stat
 
 
 @eqx.filter_jit
 def _floor_jit(pop, lams, masks, key, opts, capped):
     def one(mask, lam):
-        return _solve(pop, lam, mask, key, opts, capped).loss
+        return pop.loss(minimise(pop, lam, mask, key, opts, capped)[0])
 
     return jax.vmap(lambda mask: jax.vmap(lambda lam: one(mask, lam))(lams))(masks)
+
+
+def _floor(pop, lams, widths, opts) -> Float[Array, "W L"]:
+    """The limit `n -> infinity`: the population loss of the converged solution
+    of the population task at each width and weight decay."""
+    p = pop.p
+    masks = jnp.arange(p)[None, :] < jnp.asarray(widths)[:, None]
+    return _floor_jit(pop, jnp.asarray(lams), masks, jr.key(0), opts, min(widths) < p)
+
+
+def _solution_options(dtype, tol, max_steps, n_starts):
+    """The options of the converged solutions (`tol` default: 1e-8 in float64,
+    1e-5 in float32; test errors to ~1e-8, tighter costs iterations at small n)."""
+    if tol is None:
+        tol = 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-5
+    return solver_options(dtype, tol, max_steps, None, 2_000, n_starts, None)
+
+
+def _sqrt_psd(S) -> Float[Array, "d d"]:
+    """The symmetric square root of the PSD matrix `S`."""
+    w, V = jnp.linalg.eigh(S)
+    return (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
 
 
 def _int_tuple(name, values) -> tuple[int, ...]:
@@ -195,23 +216,19 @@ def finite_data_map(
       keeps the rank of $M_0$).
 
     The test error is the population loss of the Gaussian task at the learned
-    `M` (`gaussian_quadratic_task(covariance, M_star).loss(M)`), the exact
-    expected error on fresh inputs. `floor` is its limit $n \to \infty$, the
-    converged solution of the population task: the regime boundaries in
-    `(n, m, lam)` are where the test error meets it.
+    `M` (`gaussian_quadratic_task(covariance, M_star).loss(M)`, the exact error
+    on fresh inputs); `floor`, its limit $n \to \infty$ (the converged solution
+    of the population task), is met at the regime boundaries in `(n, m, lam)`.
 
-    **Sweeping.** Everything runs through `sweep`: the number of samples enters
-    through a mask of the `max(ns)` drawn samples (the masked task is `n/max(ns)`
-    times the `n`-sample task, compensated exactly in the weight decay and the
-    learning rate), and the width through a mask of columns, so `"solution"` and
-    `"mflow"` are a single compiled sweep over `(n, m, lam, seed)`. `train`'s
-    width fixes a shape, so `"train"` loops over widths, one sweep each.
+    **Sweeping.** `n` enters as a mask of the `max(ns)` samples (compensated
+    exactly in the weight decay and the learning rate) and the width as a mask
+    of columns: `"solution"` and `"mflow"` are one compiled `sweep` over
+    `(n, m, lam, seed)`; `"train"` (whose width is a shape) is one per width.
 
     **Arguments:**
 
     - `covariance`: $S$, shape `(d, d)`, symmetric PSD.
-    - `M_star`: the teacher, shape `(d, d)`, symmetric (e.g. a power-law
-      spectrum).
+    - `M_star`: the teacher, shape `(d, d)`, symmetric.
     - `ns`: numbers of samples (ints `>= 1`).
     - `widths`: widths (ints `>= 1`; widths `>= d` are uncapped).
     - `weight_decays`: values of $\lambda \ge 0$, shape `(L,)`.
@@ -231,36 +248,22 @@ def finite_data_map(
     `gaussian_quadratic_task`, `sweep` and the checks here), an unknown `method`,
     or a missing `learning_rate`/`num_steps`.
     """
-    # Long only for its docstring (the contract); the code is a few named steps.
     pop = gaussian_quadratic_task(covariance, M_star)
-    S, M_star = pop.covariance, pop.M_star
     p, dtype = pop.p, pop.dtype
     ns, widths, lams, seeds, noise = _check_grid(
         ns, widths, weight_decays, seeds, noise, dtype
     )
     run = _check_method(method, widths, p, learning_rate, num_steps, init_scale)
-    if tol is None:  # test errors to ~1e-8: tighter costs iterations at small n
-        tol = 1e-8 if jnp.dtype(dtype) == jnp.float64 else 1e-5
-    opts = _options(dtype, tol, max_steps, None, 2_000, n_starts, None)
-    w, V = jnp.linalg.eigh(S)
-    S_half = (V * jnp.sqrt(jnp.maximum(w, 0.0))[None, :]) @ V.T
+    opts = _solution_options(dtype, tol, max_steps, n_starts)
     point = functools.partial(
         _finite_data_point,
-        setup=(S_half, M_star, pop, noise, max(ns)),
+        setup=(_sqrt_psd(pop.covariance), pop.M_star, pop, noise, max(ns)),
         method=method,
         opts=opts,
         run=run,
     )
-    # Default: one chunk per n (the grid's slowest axis), so that the iterations of
-    # the ill-conditioned small-n points are not paid by the whole grid (a
-    # vmapped loop runs as long as its slowest member).
-    per_n = len(lams) * seeds.size * (1 if method == "train" else len(widths))
-    sweep_kw = dict(
-        chunk=per_n if chunk is None else chunk, mesh=mesh, progress=progress
-    )
+    sweep_kw = dict(chunk=chunk, mesh=mesh, progress=progress)
     test, trn, stat = _sweep_grid(point, method, ns, widths, lams, seeds, p, sweep_kw)
-    masks = jnp.arange(p)[None, :] < jnp.asarray(widths)[:, None]
-    floor = _floor_jit(pop, jnp.asarray(lams), masks, jr.key(0), opts, min(widths) < p)
     return FiniteDataMap(
         ns=ns,
         widths=widths,
@@ -269,7 +272,7 @@ def finite_data_map(
         test_error=jnp.asarray(test),
         train_error=jnp.asarray(trn),
         stationarity=jnp.asarray(stat),
-        floor=floor,
+        floor=_floor(pop, lams, widths, opts),
         method=method,
         noise=noise,
     )
@@ -330,7 +333,13 @@ def _check_method(method, widths, p, learning_rate, num_steps, init_scale):
 def _sweep_grid(point, method, ns, widths, lams, seeds, p, sweep_kw):
     """`(test, train, stationarity)`, each of shape `(N, W, L, S)`, through
     `sweep`: one sweep over `(n, m, lam, seed)`, or for `"train"`, whose width
-    fixes a shape, one sweep per width."""
+    fixes a shape, one sweep per width. `sweep_kw["chunk"]=None`: one chunk per
+    `n` (the grid's slowest axis), so that the iterations of the ill-conditioned
+    small-n points are not paid by the whole grid (a vmapped loop runs as long
+    as its slowest member)."""
+    if sweep_kw["chunk"] is None:
+        per_n = lams.size * seeds.size * (1 if method == "train" else len(widths))
+        sweep_kw = dict(sweep_kw, chunk=per_n)
     if method != "train":
         grid = grid_product(
             {

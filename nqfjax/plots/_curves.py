@@ -45,36 +45,10 @@ def plot_sweep(
     n_o, n_a = loss.shape[:2]
     fig = Figure(figsize=(4.6 * n_a + 1.6, 3.6 * n_o), layout="constrained")
     axes = fig.subplots(n_o, n_a, squeeze=False)
-    markers = ["o", "s", "^", "v", "D", "P", "X", "*"]
-    every = max(1, steps.size // 8)
     diverged = predicted = False
     for o, a in np.ndindex(n_o, n_a):
         ax = axes[o, a]
-        for s, lr, seed in np.ndindex(loss.shape[2:5]):
-            curve = loss[o, a, s, lr, seed]
-            ax.plot(
-                steps,
-                curve,
-                STYLES[lr % 4],
-                color=cycle_colour(s),
-                marker=markers[seed % len(markers)],
-                markevery=(seed % every, every),
-                ms=3.5,
-                lw=1.1,
-                alpha=0.85,
-            )
-            finite = np.flatnonzero(np.isfinite(curve))
-            if finite.size < curve.size:
-                diverged = True
-                last = finite[-1] if finite.size else 0
-                ax.plot(
-                    steps[last],
-                    curve[last] if finite.size else np.nanmax(loss),
-                    "x",
-                    color="red",
-                    ms=9,
-                    mew=2,
-                )
+        diverged |= _sweep_curves(ax, steps, loss[o, a], np.nanmax(loss))
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_yscale("log")
         ax.set_xlim(0, steps.max() * 1.05)
@@ -83,6 +57,52 @@ def plot_sweep(
         ax.set_title(f"{grid['optimizer'][o]}, {grid['architecture'][a]}", fontsize=10)
         ax.set_xlabel("step (symlog: step 0 at 0)")
         ax.set_ylabel("loss")
+    handles = _sweep_legend(grid, predicted, diverged)
+    fig.legend(handles=handles, loc="outside right upper", fontsize=7)
+    return fig
+
+
+#: The markers of the seeds of a sweep.
+_MARKERS = ["o", "s", "^", "v", "D", "P", "X", "*"]
+
+
+def _sweep_curves(ax, steps, loss, top) -> bool:
+    """One panel's curves, `loss[s, lr, seed, :]`, and a cross where a run
+    diverged (at its last finite point, or at `top` if none is); whether one
+    did."""
+    every = max(1, steps.size // 8)
+    diverged = False
+    for s, lr, seed in np.ndindex(loss.shape[:3]):
+        curve = loss[s, lr, seed]
+        ax.plot(
+            steps,
+            curve,
+            STYLES[lr % 4],
+            color=cycle_colour(s),
+            marker=_MARKERS[seed % len(_MARKERS)],
+            markevery=(seed % every, every),
+            ms=3.5,
+            lw=1.1,
+            alpha=0.85,
+        )
+        finite = np.flatnonzero(np.isfinite(curve))
+        if finite.size < curve.size:
+            diverged = True
+            last = finite[-1] if finite.size else 0
+            ax.plot(
+                steps[last],
+                curve[last] if finite.size else top,
+                "x",
+                color="red",
+                ms=9,
+                mew=2,
+            )
+    return diverged
+
+
+def _sweep_legend(grid, predicted: bool, diverged: bool) -> list:
+    """The legend's entries: init scales by colour, learning rates by line
+    style, seeds by marker, and the switch-on ticks and crosses if drawn."""
     handles = [
         Line2D([], [], color=cycle_colour(i), label=f"σ = {v:.3g}")
         for i, v in enumerate(grid["init_scale"])
@@ -97,7 +117,7 @@ def plot_sweep(
             [],
             color="k",
             ls="",
-            marker=markers[i % len(markers)],
+            marker=_MARKERS[i % len(_MARKERS)],
             label=f"seed {v}",
         )
         for i, v in enumerate(grid["seed"])
@@ -113,8 +133,7 @@ def plot_sweep(
         handles.append(
             Line2D([], [], color="red", ls="", marker="x", mew=2, label="diverged")
         )
-    fig.legend(handles=handles, loc="outside right upper", fontsize=7)
-    return fig
+    return handles
 
 
 def _switch_on_ticks(ax, times) -> bool:

@@ -282,6 +282,22 @@ def plot_power_law(
             label=rf"fit: $\gamma$ = {gamma_fit:.3f}",
             gid="guide:simulation",
         )
+    _theory_slopes(ax, tt, ll, window, gamma_rich, gamma_lazy, offset)
+    ax.set_ylabel("loss")
+    ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes", y=1.0)
+    ax.legend(fontsize=7)
+    ax.tick_params(labelbottom=False)
+    _local_exponents(slope, tt, ll, window, sharp, (gamma_fit, gamma_rich, gamma_lazy))
+    log_ticks(fig)
+    fit_y_labels(fig, grid, [[ax, slope]])
+    save_png(fig, path)
+    return fig
+
+
+def _theory_slopes(ax, tt, ll, window, gamma_rich, gamma_lazy, offset) -> None:
+    """The theory's slopes as guides over the `window`, `offset` times above the
+    data `(tt, ll)` at its middle."""
+    lo, hi = window
     tm = np.sqrt(lo * hi)
     lm = log_interp(tm, tt, ll)
     guide_t = np.geomspace(lo, hi, 20)
@@ -298,10 +314,12 @@ def plot_power_law(
             label=rf"{name}: $\gamma$ = {g:.3f} (slope; offset $\times${offset:g})",
             gid=f"offset:simulation:{offset:g}",
         )
-    ax.set_ylabel("loss")
-    ax.set_title(r"Power law $L \sim t^{-\gamma}$ from many modes", y=1.0)
-    ax.legend(fontsize=7)
-    ax.tick_params(labelbottom=False)
+
+
+def _local_exponents(slope, tt, ll, window, sharp, gammas) -> None:
+    """The lower panel: the local exponent of the data `(tt, ll)` (and of the
+    sharp-switch sum) against the fitted, rich and lazy exponents `gammas`,
+    scaled to them and to the data's exponents in the `window`."""
     slope.semilogx(
         *_local_exponent(tt, ll), color=cycle_colour(0), lw=2, label="simulation"
     )
@@ -313,26 +331,20 @@ def plot_power_law(
             lw=1.2,
             label="sharp-switch sum",
         )
-    for g, style, colour, name in [
-        (gamma_fit, "-", "k", "fit"),
-        (gamma_rich, "-.", "C3", "rich"),
-        (gamma_lazy, ":", "C2", "lazy"),
-    ]:
+    for g, style, colour, name in zip(
+        gammas, ["-", "-.", ":"], ["k", "C3", "C2"], ["fit", "rich", "lazy"]
+    ):
         if np.isfinite(g):  # a refused fit (no power law) has no line
             slope.axhline(g, ls=style, color=colour, lw=1, label=rf"$\gamma$ {name}")
-    gs = [gamma_fit, gamma_rich, gamma_lazy]
+    lo, hi = window
     te, ge = _local_exponent(tt, ll)
-    gs += list(ge[(te >= lo) & (te <= hi)])
+    gs = list(gammas) + list(ge[(te >= lo) & (te <= hi)])
     gs = [g for g in gs if np.isfinite(g)]
     pad = 0.15 * (max(gs) - min(gs) + 0.1)
     slope.set_ylim(min(gs) - pad, max(gs) + pad)
     slope.set_xlabel("t (gradient steps)")
     slope.set_ylabel(r"local exponent $-d\ln L/d\ln t$")
     slope.legend(fontsize=7, ncols=3, loc="upper right")
-    log_ticks(fig)
-    fit_y_labels(fig, grid, [[ax, slope]])
-    save_png(fig, path)
-    return fig
 
 
 def plot_structures(

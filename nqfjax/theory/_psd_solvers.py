@@ -10,18 +10,69 @@ from __future__ import annotations
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import optax
+from jaxtyping import Array, Float, Int
 
+from .._checks import static_int
 from .._linalg import frobenius as _inner, psd_project as _psd_project, sym as _sym
 
 
-def _defaults(dtype) -> dict:
+def default_tolerances(dtype) -> dict:
+    """The default `tol`, `grad_tol` and `rank_tol` for `dtype`."""
     if jnp.dtype(dtype) == jnp.float64:
         return dict(tol=1e-11, grad_tol=1e-8, rank_tol=1e-8)
     return dict(tol=1e-5, grad_tol=1e-4, rank_tol=1e-3)
+
+
+class SolverOptions(eqx.Module):
+    """The solvers' tolerances and step limits (`solver_options`)."""
+
+    # Tolerances and step limits are arrays (traced), so changing them does not
+    # recompile; only the number of starts fixes a shape.
+    tol: Float[Array, ""]
+    max_steps: Int[Array, ""]
+    grad_tol: Float[Array, ""]
+    factored_max_steps: Int[Array, ""]
+    rank_tol: Float[Array, ""]
+    n_starts: int = eqx.field(static=True)
+
+
+def solver_options(
+    dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol
+) -> SolverOptions:
+    """The checked options (`None` tolerances: `default_tolerances(dtype)`), or a
+    `ValueError` naming the bad one."""
+    d = default_tolerances(dtype)
+    n_starts = static_int("n_starts", n_starts, 0)
+    max_steps = static_int("max_steps", max_steps)
+    factored_max_steps = static_int("factored_max_steps", factored_max_steps)
+    for name, value in (("tol", tol), ("grad_tol", grad_tol), ("rank_tol", rank_tol)):
+        if value is not None and not (np.isfinite(value) and value > 0):
+            raise ValueError(f"`{name}` must be a positive float, got {value!r}.")
+    return SolverOptions(
+        tol=jnp.asarray(d["tol"] if tol is None else tol, dtype),
+        max_steps=jnp.asarray(int(max_steps), jnp.int32),
+        grad_tol=jnp.asarray(d["grad_tol"] if grad_tol is None else grad_tol, dtype),
+        factored_max_steps=jnp.asarray(int(factored_max_steps), jnp.int32),
+        rank_tol=jnp.asarray(d["rank_tol"] if rank_tol is None else rank_tol, dtype),
+        n_starts=int(n_starts),
+    )
+
+
+def minimise(task, lam, mask, key, opts: SolverOptions, capped: bool):
+    """Traceable core: the convex solve, then (when `capped`) the factored solve
+    under the rank cap `mask`, keeping the convex optimum whenever it fits the cap.
+    Returns `(M, steps, converged)`, `M` symmetric."""
+    M, steps, ok = solve_convex(task, lam, opts.tol, opts.max_steps)
+    if capped:
+        M, ok_cap = solve_width_limited(task, lam, mask, key, M, opts)
+        ok = ok & ok_cap
+    return _sym(M), steps, ok
 
 
 def _scale(task, lam):
@@ -39,7 +90,7 @@ def _stationarity(task, lam, M):
     return jnp.sqrt(jnp.sum((Z @ M) ** 2)) / denom
 
 
-def _kkt(task, lam, M):
+def kkt_residuals(task, lam, M):
     """(stationarity, dual infeasibility, min eigenvalue of Z), the first two
     relative to `_scale`."""
     Z = _sym(task.K(M) - task.C) + 0.5 * lam * jnp.eye(task.p, dtype=M.dtype)
@@ -48,13 +99,13 @@ def _kkt(task, lam, M):
     return _stationarity(task, lam, M), dual, zmin
 
 
-def _rank(M, rank_tol):
+def numerical_rank(M, rank_tol):
     w = jnp.linalg.eigvalsh(_sym(M))
     top = jnp.max(w)
     return jnp.sum(w > rank_tol * jnp.where(top > 0, top, jnp.inf)).astype(jnp.int32)
 
 
-def _top_factor(M):
+def top_factor(M):
     """`W` (`p x p`) with `W W^T = M`, columns in decreasing order of eigenvalue
     (zero beyond the rank)."""
     w, V = jnp.linalg.eigh(_sym(M))
@@ -82,7 +133,7 @@ def _operator_norm(task, iters: int = 60):
     return _inner(X, task.K(X))
 
 
-def _convex(task, lam, tol, max_steps):
+def solve_convex(task, lam, tol, max_steps):
     r"""FISTA with backtracking and adaptive restart for
     $\min_{M \succeq 0} L(M) + \tfrac\lambda2\mathrm{Tr}M$, from `M = 0`.
 
@@ -228,7 +279,7 @@ def _best_of(task, lam, mask, starts, scale_M, max_steps, opts):
     return M[i], stat[i]
 
 
-def _width_path(task, lam, M_cvx, key, opts, m):
+def width_path(task, lam, M_cvx, key, opts, m):
     r"""The best PSD `M` of rank `<= k` for `k = 1, ..., m` (computed) and
     `k = m + 1, ..., p` (copies of the width-`m` one), with convergence flags:
     shapes `(p, p, p)` and `(p,)`.
@@ -251,7 +302,7 @@ def _width_path(task, lam, M_cvx, key, opts, m):
     p, dtype = task.p, task.dtype
     tiny = jnp.finfo(dtype).tiny
     eye = jnp.eye(p, dtype=dtype)
-    rank_cvx = _rank(M_cvx, opts.rank_tol)
+    rank_cvx = numerical_rank(M_cvx, opts.rank_tol)
     w, V = jnp.linalg.eigh(_sym(M_cvx))
     w, V = w[::-1], V[:, ::-1]
     top = jnp.maximum(w[0], 0.0)
@@ -290,9 +341,9 @@ def _width_path(task, lam, M_cvx, key, opts, m):
     return Ms, oks
 
 
-def _width_limited(task, lam, mask, key, M_cvx, opts):
-    """The best PSD `M` of rank `<= sum(mask)` found (`_width_path`), and whether
+def solve_width_limited(task, lam, mask, key, M_cvx, opts):
+    """The best PSD `M` of rank `<= sum(mask)` found (`width_path`), and whether
     it converged."""
     m = jnp.sum(mask)
-    Ms, oks = _width_path(task, lam, M_cvx, key, opts, m)
+    Ms, oks = width_path(task, lam, M_cvx, key, opts, m)
     return Ms[m - 1], oks[m - 1]

@@ -37,13 +37,12 @@ from .._checks import check_shape, error_if, is_concrete, nonnegative, static_in
 from .._linalg import sym as _sym
 from ..tasks.base import Task
 from ._psd_solvers import (
-    _convex,
-    _defaults,
-    _kkt,
-    _rank,
-    _top_factor,
-    _width_limited,
-    _width_path,
+    kkt_residuals,
+    minimise,
+    numerical_rank,
+    solver_options,
+    top_factor,
+    width_path,
 )
 
 
@@ -101,26 +100,15 @@ class ConvergedSolution(eqx.Module):
         return jnp.maximum(self.stationarity, self.dual_infeasibility)
 
 
-class _Options(eqx.Module):
-    # Tolerances and step limits are arrays (traced), so changing them does not
-    # recompile; only the number of starts fixes a shape.
-    tol: Float[Array, ""]
-    max_steps: Int[Array, ""]
-    grad_tol: Float[Array, ""]
-    factored_max_steps: Int[Array, ""]
-    rank_tol: Float[Array, ""]
-    n_starts: int = eqx.field(static=True)
-
-
 def _assemble(task, lam, M, steps, ok, rank_tol):
-    stat, dual, zmin = _kkt(task, lam, M)
+    stat, dual, zmin = kkt_residuals(task, lam, M)
     return ConvergedSolution(
         M=M,
-        W=_top_factor(M),
+        W=top_factor(M),
         weight_decay=lam,
         objective=task.loss(M) + 0.5 * lam * jnp.trace(M),
         loss=task.loss(M),
-        rank=_rank(M, rank_tol),
+        rank=numerical_rank(M, rank_tol),
         stationarity=stat,
         dual_infeasibility=dual,
         min_dual_eigenvalue=zmin,
@@ -129,19 +117,10 @@ def _assemble(task, lam, M, steps, ok, rank_tol):
     )
 
 
-def _solve(task, lam, mask, key, opts: _Options, capped: bool):
-    """Traceable core: convex solve, then (when `capped`) the factored solve under
-    the rank cap `mask`, keeping the convex optimum whenever it fits the cap."""
-    M, steps, ok = _convex(task, lam, opts.tol, opts.max_steps)
-    if capped:
-        M, ok_cap = _width_limited(task, lam, mask, key, M, opts)
-        ok = ok & ok_cap
-    return _assemble(task, lam, _sym(M), steps, ok, opts.rank_tol)
-
-
 @eqx.filter_jit
 def _solve_jit(task, lam, mask, key, opts, capped):
-    return _solve(task, lam, mask, key, opts, capped)
+    M, steps, ok = minimise(task, lam, mask, key, opts, capped)
+    return _assemble(task, lam, M, steps, ok, opts.rank_tol)
 
 
 def _check_task(task):
@@ -153,24 +132,6 @@ def _weight_decay(task, weight_decay):
     lam = jnp.asarray(weight_decay)
     check_shape("weight_decay", lam, ())
     return nonnegative("weight_decay", lam.astype(task.dtype))
-
-
-def _options(dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol):
-    d = _defaults(dtype)
-    n_starts = static_int("n_starts", n_starts, 0)
-    max_steps = static_int("max_steps", max_steps)
-    factored_max_steps = static_int("factored_max_steps", factored_max_steps)
-    for name, value in (("tol", tol), ("grad_tol", grad_tol), ("rank_tol", rank_tol)):
-        if value is not None and not (np.isfinite(value) and value > 0):
-            raise ValueError(f"`{name}` must be a positive float, got {value!r}.")
-    return _Options(
-        tol=jnp.asarray(d["tol"] if tol is None else tol, dtype),
-        max_steps=jnp.asarray(int(max_steps), jnp.int32),
-        grad_tol=jnp.asarray(d["grad_tol"] if grad_tol is None else grad_tol, dtype),
-        factored_max_steps=jnp.asarray(int(factored_max_steps), jnp.int32),
-        rank_tol=jnp.asarray(d["rank_tol"] if rank_tol is None else rank_tol, dtype),
-        n_starts=int(n_starts),
-    )
 
 
 def converged_solution(
@@ -190,18 +151,11 @@ def converged_solution(
     r"""The fixed point of the M-space flow with weight decay: what training
     converges to, without training.
 
-    Minimises
-
-    $$F(M) = L(M) + \frac\lambda2\,\mathrm{Tr}\,M \quad\text{over PSD } M
-    \text{ (of rank} \le \texttt{width}\text{ when given)},$$
-
-    the objective that gradient descent on `W` with the penalty
-    $\tfrac\lambda2|W|^2$ minimises ($|W|^2 = \mathrm{Tr}\,W W^\top$). The flow
-    $\dot M = -2\eta(ZM + MZ)$, $Z = K[M] - C + \tfrac\lambda2 I$, is at rest where
-    $ZM = 0$; the global minimisers over all PSD `M` are the points where in
-    addition $Z \succeq 0$ (the KKT conditions; the problem is convex because
-    `K` is PSD), which is what a network of width `>= p` reaches from a generic
-    start.
+    Minimises $F(M) = L(M) + \tfrac\lambda2\,\mathrm{Tr}\,M$ over PSD `M` (of
+    rank `<= width` when given), what gradient descent on `W` with the penalty
+    $\tfrac\lambda2|W|^2$ minimises; without the cap its global minimisers are
+    the KKT points $ZM = 0$, $Z = K[M] - C + \tfrac\lambda2 I \succeq 0$ (see
+    the theory page on finite width and data).
 
     **Algorithm.** (1) The convex problem: FISTA (Beck & Teboulle, 2009) on the PSD
     cone, projecting by clipping eigenvalues at zero, with a backtracking step
@@ -264,33 +218,43 @@ def converged_solution(
     options; a runtime error (`eqx.error_if`) when `throw` and a stage did not
     converge.
     """
-    # Long only for its docstring (the contract); the code is a few named steps.
     _check_task(task)
     lam = _weight_decay(task, weight_decay)
     p = task.p
     width_ = p if width is None else static_int("width", width)
-    opts = _options(
+    opts = solver_options(
         task.dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol
     )
     mask = jnp.arange(p) < width_
     key = jr.key(0) if key is None else key
-    sol = _solve_jit(task, lam, mask, key, opts, width_ < p)
-    if width_ != p:  # outside the compiled core, so that widths share a compilation
-        W = sol.W[:, :width_]
-        if width_ > p:
-            W = jnp.concatenate([W, jnp.zeros((p, width_ - p), W.dtype)], axis=1)
-        sol = eqx.tree_at(lambda s: s.W, sol, W)
-    if throw:
-        msg = (
-            "converged_solution did not converge (raise `max_steps` or "
-            "`factored_max_steps`, or loosen `tol`/`grad_tol`)."
-        )
-        if is_concrete(sol.converged):
-            if not bool(sol.converged):
-                raise RuntimeError(msg)
-        else:
-            sol = error_if(sol, ~sol.converged, msg, RuntimeError)
-    return sol
+    sol = _with_width(_solve_jit(task, lam, mask, key, opts, width_ < p), width_)
+    return _check_converged(sol) if throw else sol
+
+
+def _with_width(sol: ConvergedSolution, width: int) -> ConvergedSolution:
+    """`sol` with its factor `W` cut or zero-padded to `width` columns (outside
+    the compiled core, so that widths share a compilation)."""
+    p = sol.M.shape[0]
+    if width == p:
+        return sol
+    W = sol.W[:, :width]
+    if width > p:
+        W = jnp.concatenate([W, jnp.zeros((p, width - p), W.dtype)], axis=1)
+    return eqx.tree_at(lambda s: s.W, sol, W)
+
+
+def _check_converged(sol: ConvergedSolution) -> ConvergedSolution:
+    """`sol`, or a `RuntimeError` (an `eqx.error_if` when traced) if a solver
+    stage did not converge."""
+    msg = (
+        "converged_solution did not converge (raise `max_steps` or "
+        "`factored_max_steps`, or loosen `tol`/`grad_tol`)."
+    )
+    if is_concrete(sol.converged):
+        if not bool(sol.converged):
+            raise RuntimeError(msg)
+        return sol
+    return error_if(sol, ~sol.converged, msg, RuntimeError)
 
 
 # --------------------------------------------------------------------------------
@@ -364,11 +328,11 @@ class WidthProfile(eqx.Module):
 
 @eqx.filter_jit
 def _profile_jit(task, lam, key, M_cvx, opts):
-    Ms, oks = _width_path(task, lam, M_cvx, key, opts, task.p)
+    Ms, oks = width_path(task, lam, M_cvx, key, opts, task.p)
     Ms = jax.vmap(_sym)(Ms)
 
     def stats(M):
-        stat, _, zmin = _kkt(task, lam, M)
+        stat, _, zmin = kkt_residuals(task, lam, M)
         loss = task.loss(M)
         return loss + 0.5 * lam * jnp.trace(M), loss, stat, zmin
 
@@ -427,7 +391,7 @@ def excess_loss_by_width(
     _check_task(task)
     lam = _weight_decay(task, weight_decay)
     p = task.p
-    opts = _options(
+    opts = solver_options(
         task.dtype, tol, max_steps, grad_tol, factored_max_steps, n_starts, rank_tol
     )
     key = jr.key(0) if key is None else key

@@ -62,9 +62,11 @@ def _kkt_tol(B, r, x):
 
 
 @jax.jit
-def _nnqp_impl(B, r, mask, max_iter):
+def nnqp_core(B, r, mask, max_iter):
     """Lawson-Hanson active-set method for `min 1/2 m^T B m - r^T m, m >= 0`,
-    with zero-curvature steps for a singular (PSD) `B`."""
+    with zero-curvature steps for a singular (PSD) `B`: `nnqp` without its
+    checks (`B` symmetric PSD `(p, p)`, `mask` bool `(p,)`, `max_iter` an int
+    array), for callers that vmap it over masks (the staircase's event loop)."""
     p = r.shape[0]
     dtype = B.dtype
     index = jnp.arange(p)
@@ -178,4 +180,4 @@ def nnqp(
     if mask.dtype != jnp.bool_:
         raise ValueError(f"`mask` must be boolean, got dtype {mask.dtype}.")
     max_iter = 3 * p + 10 if max_iter is None else int(max_iter)
-    return _nnqp_impl(0.5 * (B + B.T), r, mask, jnp.asarray(max_iter))
+    return nnqp_core(0.5 * (B + B.T), r, mask, jnp.asarray(max_iter))

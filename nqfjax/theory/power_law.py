@@ -15,7 +15,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import check_ndim, check_shape, error_if, is_concrete, positive
 from ..tasks.interactions import LowRankInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
-from .staircase import _is_diagonal
+from ._sharp_switch import is_diagonal
 
 
 # ---------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def _independent_modes(lv: LotkaVolterra) -> Float[Array, " p"]:
         raise ValueError(msg + f" It has a rank-{inter.rank} part.")
     B = inter.as_matrix()  # dense: checked entry by entry
     if is_concrete(B):
-        if not _is_diagonal(np.asarray(B)):
+        if not is_diagonal(np.asarray(B)):
             raise ValueError(msg)
         return jnp.diag(B)
     off = jnp.max(jnp.abs(B - jnp.diag(jnp.diag(B))))

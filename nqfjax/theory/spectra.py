@@ -167,13 +167,10 @@ def weight_spectrum(
 ) -> WeightSpectrum:
     r"""Track the eigenvalues of `M = W W^T` along a run and find the outliers.
 
-    At initialisation $W_0 = \sigma Z$ the spectrum is the Marchenko-Pastur bulk
-    with edges $\lambda_\pm = \sigma^2(\sqrt m \pm \sqrt p)^2$
-    (`marchenko_pastur_edges`). A mode that switches on grows $M$ along its
-    direction $u_k$ like $e^{r_k t}$ until it saturates at its learned value, so
-    one eigenvalue leaves the bulk and ends near $m^*_k$;
-    directions that are not learned stay in the bulk or shrink (weight decay,
-    negative rates).
+    At initialisation the spectrum is the Marchenko-Pastur bulk
+    (`marchenko_pastur_edges`); every mode that switches on pulls one eigenvalue
+    out of it, to near its learned value (see the theory page on weight
+    spectra, with an example of use).
 
     **The outliers.** An eigenvalue above `threshold` $= (1 + \text{margin})
     \lambda_+$ is an outlier (the margin keeps the finite-size fluctuation of
@@ -192,13 +189,12 @@ def weight_spectrum(
     (where the eigenvectors of a finely recorded run rotate into each other).
     For each outlier:
 
-    - `t_detach`: when it crosses the threshold. In the exponential phase this
-      comes a time $\approx \ln(m^*_k/\lambda_+)/r_k$ *before* the switch-on: an
-      outlier appears as soon as its mode has grown by an O(1) factor (the
-      BBP transition of a spiked covariance), long before it is learned.
-    - `t_half`: when it reaches `level` times its peak: the half-way time of
-      the mode's logistic rise, which is what `switch_on_times` predicts, to
-      within the width $\approx \ln 81 / r_k$ of the transition (10% to 90%).
+    - `t_detach`: when it crosses the threshold, a time
+      $\approx \ln(m^*_k/\lambda_+)/r_k$ *before* the switch-on (the BBP
+      transition of a spiked covariance);
+    - `t_half`: when it reaches `level` times its peak: the half-way time that
+      `switch_on_times` predicts, to within the transition's width
+      $\approx \ln 81 / r_k$;
     - `modes`, `overlaps`: the column of `basis` with the largest squared
       overlap with its eigenvector at the peak (for a basis from `lv_reduce`,
       the Lotka-Volterra mode that switched on).
@@ -207,16 +203,6 @@ def weight_spectrum(
     values and equal times) have no well-defined individual eigenvectors; they
     may then swap or split into extra tracks. Runs eagerly (NumPy `eigh` per
     record), not under `jit`.
-
-    Typical use, with snapshots from `train`:
-
-    ```python
-    res = nqfjax.train(structure, xs, ys, num_steps=N, learning_rate=eta,
-                       key=key, init_scale=sigma, width=m, record_at=steps)
-    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys), eta)
-    spec = nqfjax.weight_spectrum(res.ts, res.M, width=m, init_scale=sigma,
-                                  basis=basis)
-    ```
 
     **Arguments:**
 
@@ -253,15 +239,21 @@ def weight_spectrum(
     tracks = _track_outliers(w, V, threshold, min_overlap, gap_tol)
     out = _outlier_summary(tracks, ts, w, V, threshold, level, basis)
 
+    return _spectrum(out, ts, w, m, sigma, (lo, hi), threshold, dtype)
+
+
+def _spectrum(out, ts, w, m, sigma, edges, threshold, dtype) -> WeightSpectrum:
+    """The `WeightSpectrum` of the eigenvalues `w` (shape `(R, p)`, descending)
+    and of the outliers' summary `out`, the outliers in the order they detach."""
     order = np.argsort(out["t_detach"], kind="stable")
-    q = min(p, m)
+    q = min(w.shape[1], m)
     as_array = lambda a: jnp.asarray(a, dtype)
     return WeightSpectrum(
         ts=as_array(ts),
         eigenvalues=as_array(w),
         singular_values=as_array(np.sqrt(np.maximum(w[:, :q], 0.0))),
         init_scale=as_array(sigma),
-        edges=as_array([lo, hi]),
+        edges=as_array(list(edges)),
         threshold=as_array(threshold),
         values=as_array(out["values"][order]),
         t_detach=as_array(out["t_detach"][order]),

@@ -10,12 +10,12 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import eager_only
 from ..tasks.lotka_volterra import LotkaVolterra
-from .staircase import (
-    _check_bounded,
-    _check_m0,
-    _event_loop,
-    _lv_numpy,
-    _max_events,
+from ._sharp_switch import (
+    check_bounded,
+    check_m0,
+    check_max_events,
+    event_loop,
+    lv_numpy,
 )
 
 
@@ -70,18 +70,18 @@ def switch_on_times(
     equilibrium, or a traced argument (it names the argument).
     """
     eager_only("switch_on_times", "the events are found on the host", m0=m0, lv=lv)
-    sys = _lv_numpy(lv, "switch_on_times")
+    sys = lv_numpy(lv, "switch_on_times")
     p = lv.p
-    m0 = _check_m0(m0, p, "switch_on_times")
-    max_events = _max_events(max_events, p)
+    m0 = check_m0(m0, p, "switch_on_times")
+    max_events = check_max_events(max_events, p)
     dtype = lv.r.dtype
     if sys.diagonal:
-        grows = _check_bounded(sys.diag, sys.r_eff)
+        grows = check_bounded(sys.diag, sys.r_eff)
         with np.errstate(divide="ignore", invalid="ignore"):
             mstar = sys.r_eff / np.where(sys.diag > 0, sys.diag, 1)
             t = np.log(mstar / m0 - 1) / sys.r_eff
         return jnp.asarray(np.where(grows, t, np.inf), dtype)
-    trace = _event_loop(
+    trace = event_loop(
         sys.B, sys.r_eff, np.log(m0), corrected=corrected, max_events=max_events
     )
     return jnp.asarray(trace.first_on, dtype)
