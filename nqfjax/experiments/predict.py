@@ -248,15 +248,13 @@ def predict(
     draws it, then runs `engine` (`AbstractEngine.run`): by default
     `AutoEngine()`, the exact Lotka-Volterra reduction where the data allow
     (`LVEngine`), else the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$
-    (`MFlowEngine(solver=diffrax.Tsit5())`; real data: the input covariance and
-    the input-output correlation do not share an eigenbasis), saying which in
-    `engine` and `reason`, with the measured violation. `ApproximateLVEngine()`
-    keeps the Lotka-Volterra system in the eigenbasis of `C` whatever the
-    violation: orders of magnitude cheaper, exact only when the violation is 0.
-    Each engine holds its solver, step-size controller, adjoint and `max_steps`.
-
-    Time counts steps of full-batch gradient descent of rate `learning_rate`
-    (the flow is its small-rate limit: see `Prediction.growth_rate`).
+    (`MFlowEngine`; real data: the input covariance and the input-output
+    correlation do not share an eigenbasis), saying which in `engine` and
+    `reason`, with the measured violation; or `ApproximateLVEngine()`, cheaper
+    but exact only when the violation is 0. Each engine holds its solver,
+    step-size controller, adjoint and `max_steps`. Time counts steps of
+    full-batch gradient descent of rate `learning_rate` (the flow is its
+    small-rate limit: see `Prediction.growth_rate`).
 
     Eager only: it chooses the engine on the host (`lv_reduce` runs in numpy),
     so under `jax.jit`, `vmap`, `grad` or `shard_map` it raises a `ValueError`
