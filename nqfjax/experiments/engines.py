@@ -118,7 +118,9 @@ class AbstractEngine(eqx.Module):
         steps of rate `learning_rate`, weight decay `weight_decay`) and read its
         learned modes.
 
-        **Returns:** an `EngineRun`.
+        **Returns:** an `EngineRun` (`nqfjax.experiments.engines.EngineRun`:
+        the engine's name and reason, the loss, the learned modes and their
+        curves).
         """
 
 
