@@ -14,7 +14,7 @@ trained by the same GD steps) separates the engine's error (the flow against
 GD on the quadratic form: only the discretisation, a lag of about `r/2 = 0.5%`)
 from the real layer's departure from its quadratic form (the cubic term of
 tanh, the softmax beyond its linearisation). Each case also runs
-the approximate Lotka-Volterra reduction (`engine="approximate_lv"`: the LV
+the approximate Lotka-Volterra reduction (`engine=nqfjax.ApproximateLVEngine()`: the LV
 system in the eigenbasis of `C`, whatever the violation of commutation) and
 reports its residual (the violation) and its departure from the M-space flow.
 
@@ -131,7 +131,7 @@ def one_case(name: str, sigma: float, quick: bool) -> dict:
     flow_s = time.perf_counter() - start
     start = time.perf_counter()
     approx = nqfjax.predict(
-        structure, xs, ys, ts=flow.ts, engine="approximate_lv", **common
+        structure, xs, ys, ts=flow.ts, engine=nqfjax.ApproximateLVEngine(), **common
     )
     approx_s = time.perf_counter() - start
     record = [int(t) for t in np.asarray(flow.ts)]

@@ -11,8 +11,9 @@ Each row times, at the same horizon and 100 log-spaced records:
 
 - W-space: `nqfjax.train` of the real layer (full-batch GD, `m` units);
 - M-flow: `solve_mflow(task, M0, ts, eta, solver=diffrax.Tsit5())` and the loss
-  along it, from `M0 = W0 W0^T` (the prediction of `predict(engine="mflow")`);
-- LV: the approximate reduction of `predict(engine="approximate_lv")`:
+  along it, from `M0 = W0 W0^T` (the prediction of
+  `predict(engine=nqfjax.MFlowEngine(solver=diffrax.Tsit5()))`);
+- LV: the approximate reduction of `predict(engine=nqfjax.ApproximateLVEngine())`:
   `lv_reduce(task, eta, tol=inf)` (a one-off cost, printed apart) and
   `solve_lv` from `diag(U^T M0 U)`.
 

@@ -70,6 +70,13 @@ from .experiments.delay import (
     delayed_generalisation as delayed_generalisation,
     generalisation_delay as generalisation_delay,
 )
+from .experiments.engines import (
+    AbstractEngine as AbstractEngine,
+    ApproximateLVEngine as ApproximateLVEngine,
+    AutoEngine as AutoEngine,
+    LVEngine as LVEngine,
+    MFlowEngine as MFlowEngine,
+)
 from .experiments.finite_data import (
     FiniteDataMap as FiniteDataMap,
     finite_data_map as finite_data_map,

@@ -20,6 +20,7 @@ import jax
 
 import nqfjax
 from nqfjax import experiments
+from nqfjax.experiments.engines import ENGINE_WORDS, engine_from_word
 from nqfjax.experiments.predict_file import DEFAULT_WIDTH
 from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
@@ -485,7 +486,7 @@ def _add_predict_parser(sub) -> None:
     )
     predict.add_argument(
         "--engine",
-        choices=("auto", "lv", "mflow", "approximate_lv"),
+        choices=ENGINE_WORDS,
         default="auto",
         help="auto (default): LV where the data reduce, else the M-space flow",
     )
@@ -518,7 +519,7 @@ def _predict(args) -> None:
         learning_rate=args.lr,
         width=args.width,
         num_steps=args.steps,
-        engine=args.engine,
+        engine=engine_from_word(args.engine),
         train_network=args.train,
         seed=args.seed,
         progress=not args.quiet,

@@ -229,7 +229,7 @@ def reports(whitened):
         W0=W0,
         seeds=16,
         record_at=np.linspace(0, n_steps, 351).astype(int),
-        reference="lv",
+        reference=nqfjax.LVEngine(),
     ), lv_unit
 
 

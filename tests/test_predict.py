@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from diffrax import Tsit5
 
 import nqfjax
 from nqfjax.cli import main
@@ -136,7 +137,9 @@ def test_exact_reduction_on_whitened_data_matches_the_flow_and_closed_form():
     lv_pred = nqfjax.predict(structure, xs, ys, ts=ts, **common)
     assert lv_pred.engine == "lv"
     assert float(lv_pred.violation) < 1e-10  # whitened: commutes to roundoff
-    flow = nqfjax.predict(structure, xs, ys, ts=ts, engine="mflow", **common)
+    flow = nqfjax.predict(
+        structure, xs, ys, ts=ts, engine=nqfjax.MFlowEngine(solver=Tsit5()), **common
+    )
     # the same dynamics: LV starts from diag(U^T M0 U), which drives each mode's
     # exponential phase exactly; the off-diagonal part of M0 in that basis
     # (relative size ~1/sqrt(width)), which LV drops, moved the loss by at most
@@ -167,7 +170,7 @@ def test_approximate_reduction_reports_its_residual_and_departure(iris, iris_run
         width=64,
         key=jr.key(0),
         ts=pred.ts,
-        engine="approximate_lv",
+        engine=nqfjax.ApproximateLVEngine(),
     )
     assert approx.engine == "approximate_lv"
     np.testing.assert_allclose(approx.violation, pred.violation, rtol=1e-6)
@@ -184,8 +187,8 @@ def test_errors_name_the_argument(iris, iris_run):
     xs, ys = iris
     structure = nqfjax.Perceptron(d=4, k=3)
     common = dict(init_scale=SIGMA, learning_rate=0.01, width=4, key=jr.key(0))
-    with pytest.raises(ValueError, match="`engine` must be one of"):
-        nqfjax.predict(structure, xs, ys, num_steps=10, engine="lbfgs", **common)
+    with pytest.raises(ValueError, match="`engine` must be an nqfjax.AbstractEngine"):
+        nqfjax.predict(structure, xs, ys, num_steps=10, engine=Tsit5(), **common)
     with pytest.raises(ValueError, match="exactly one of `num_steps` and `ts`"):
         nqfjax.predict(structure, xs, ys, **common)
     with pytest.raises(ValueError, match="`init_scale` must be a finite number > 0"):
@@ -193,7 +196,9 @@ def test_errors_name_the_argument(iris, iris_run):
     with pytest.raises(ValueError, match="`ts` must hold at least 2 increasing"):
         nqfjax.predict(structure, xs, ys, ts=[0.0, 5.0, 3.0], **common)
     with pytest.raises(nqfjax.NotReducibleError):
-        nqfjax.predict(structure, xs, ys, num_steps=10, engine="lv", **common)
+        nqfjax.predict(
+            structure, xs, ys, num_steps=10, engine=nqfjax.LVEngine(), **common
+        )
     trained = nqfjax.train(structure, xs, ys, num_steps=2, snapshots=False, **common)
     with pytest.raises(ValueError, match="must carry snapshots of M"):
         nqfjax.agreement(iris_run[0], trained)

@@ -344,7 +344,7 @@ def _predict(dtype):
             key=jax.random.key(0),
             num_steps=50,
             num_records=6,
-            engine="approximate_lv",
+            engine=nqfjax.ApproximateLVEngine(),
         )
         return pred.loss
 

@@ -3,6 +3,7 @@
 amplitudes (`switch_times_from_curves`)."""
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -16,13 +17,13 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._checks import check_key, static_int
 from .._curves import first_crossing
 from ..engines.clock import invert_clock
-from ..engines.lv import lv_reduce, solve_lv
-from ..engines.mflow import solve_mflow
+from ..engines.lv import lv_reduce
 from ..structures.base import AbstractStructure
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..tasks.sampled import task_from_samples
 from ..theory.switch_on import switch_on_times
+from .engines import LVEngine, MFlowEngine
 from .methods import Method, train_method
 
 
@@ -136,7 +137,7 @@ def compare_methods(
     basis: Float[ArrayLike, "p q"] | None = None,
     level: float = 0.5,
     min_growth: float = 100.0,
-    reference: str = "mflow",
+    reference: MFlowEngine | LVEngine = MFlowEngine(),
     solve_options: Mapping | None = None,
 ) -> dict[str, MethodReport]:
     r"""Train each method and measure how far its switch-on times depart from the
@@ -154,36 +155,21 @@ def compare_methods(
     (`switch_times_from_curves`); modes that grow less than `min_growth` times
     in the flow, or are still growing at the end of the run (more than 5% over
     its last tenth), are not counted as switched on and get NaN. What to expect
-    (see the documentation's theory pages):
+    (derived in the documentation's page "Training methods as a change of
+    clock"): full-batch GD lags the flow by a relative $\approx r/4$; SGD's
+    switch-on times scatter around GD's by $\propto \sqrt{(n-b)/(b(n-1))}$
+    (`departure_rms`), their mean at GD's; heavy-ball momentum `mu` lags by
+    $r/4 + \tfrac r2 \tfrac{\mu}{1-\mu}$ on its clock; Adam departs by O(1), in
+    the ratios too (it is not rotation-equivariant); a learning-rate schedule is
+    the flow on its clock, a batch-size schedule SGD segment by segment.
 
-    - full-batch GD: a mode's `W` component grows by $1 + a$ per step with
-      $a = r/2$ (`r` per step), so $\ln m$ gains $2\ln(1 + a) = r - r^2/4$
-      instead of `r`: GD lags the flow by a relative $\approx r/4$, small and
-      positive (measured 0.8-0.9 of it at the half-way point, which includes
-      the saturation);
-    - SGD with batch `b`: unbiased gradients with covariance
-      $\propto f(b) = (n - b)/(b(n - 1))$; the switch-on times scatter around
-      GD's by $\propto \sqrt{f(b)}$ (`departure_rms`), small and shrinking as
-      `b` grows, and their mean stays at GD's;
-    - heavy-ball momentum `mu`: on the momentum clock the growth factor per
-      step is the root $z$ of $z^2 - (1 + \mu + a(1-\mu))z + \mu = 0$ (`a` at
-      the effective rate), $\ln z = a - a^2(\tfrac12 + \tfrac{\mu}{1-\mu})$: a lag
-      of $r/4 + \tfrac r2 \tfrac{\mu}{1-\mu}$;
-    - Adam: each coordinate's step is normalised, so every mode grows at
-      $\approx$ lr per step whatever its `r_k`: on its nominal clock the
-      switch-on times depart by O(1), and so do their ratios (which depend on
-      how the modes sit in the coordinates: Adam is not rotation-equivariant);
-    - learning-rate schedules: the flow on the schedule's clock (`clock`), up
-      to GD's discretisation at the current rate; batch-size schedules: SGD
-      segment by segment.
-
-    **The reference.** `reference="mflow"` (default) integrates
-    `solve_mflow` on the clock from $M_0$ (exact for any `W0`; its default
-    implicit solver compiles slowly, pass e.g.
-    `solve_options=dict(solver=diffrax.Tsit5())` for small problems);
-    `reference="lv"` integrates `solve_lv` (on the clock) from the diagonal of $M_0$
-    in the Lotka-Volterra basis, exact when `W0` is aligned with the modes
-    (then `basis` must not be given) and much cheaper.
+    **The reference** is an engine holding its solver options: `MFlowEngine()`
+    (default) integrates `solve_mflow` on the clock from $M_0$ (exact for any
+    `W0`; its implicit default solver compiles slowly, pass e.g.
+    `MFlowEngine(solver=diffrax.Tsit5())` for small problems); `LVEngine()`
+    integrates `solve_lv` from the diagonal of $M_0$ in the basis of `lv_reduce`
+    (at its `tol`; then omit `basis`): exact for `W0` aligned with the modes,
+    and much cheaper.
 
     **Arguments:**
 
@@ -199,8 +185,10 @@ def compare_methods(
     - `basis`: the modes, shape `(p, q)`, orthonormal columns.
     - `level`: the fraction of a mode's peak that defines its switch-on.
     - `min_growth`: growth factor in the flow below which a mode is off.
-    - `reference`: `"mflow"` or `"lv"` (see above).
-    - `solve_options`: passed to `solve_mflow` or `solve_lv` (e.g. tolerances).
+    - `reference`: an `MFlowEngine` or an `LVEngine` (see above). The words
+      `"mflow"` and `"lv"` and `solve_options` (keywords of `solve_mflow` or
+      `solve_lv`) are deprecated: `solver`, `stepsize_controller`, `adjoint`
+      and `max_steps` belong in the engine.
 
     **Returns:** a dict `label -> MethodReport`.
 
@@ -211,12 +199,7 @@ def compare_methods(
     items = _method_items(methods)
     if seeds < 1:
         raise ValueError(f"`seeds` must be >= 1, got {seeds}.")
-    if reference not in ("mflow", "lv"):
-        raise ValueError(f'`reference` must be "mflow" or "lv", got {reference!r}.')
-    if reference == "lv" and basis is not None:
-        raise ValueError(
-            '`reference="lv"` uses the basis of `lv_reduce`: omit `basis`.'
-        )
+    reference, extra = _reference_engine(reference, solve_options, basis)
     num_steps = static_int("num_steps", num_steps)
     record = (
         np.unique(np.linspace(0, num_steps, 401).astype(int))
@@ -224,7 +207,7 @@ def compare_methods(
         else np.asarray(record_at, int)
     )
     key = jr.key(0) if key is None else check_key(key)
-    ref = _reference(structure, xs, ys, W0, basis, weight_decay)
+    ref = _reference(structure, xs, ys, W0, basis, weight_decay, reference)
 
     def run(mth, k):
         return train_method(
@@ -246,7 +229,7 @@ def compare_methods(
         n_seeds = seeds if mth.batch_size is not None else 1
         m_runs, loss_runs = _seeded_runs(functools.partial(run, mth), key, n_seeds)
         flow_m, flow_loss = _reference_flow(
-            mth, ref, record, weight_decay, reference, dict(solve_options or {})
+            mth, ref, record, weight_decay, reference, extra
         )
         on = _switched_on(flow_m, ref.m0, record, min_growth)
         reports[label] = _report(
@@ -280,12 +263,52 @@ class _Reference(NamedTuple):
     s_theory: np.ndarray | None
 
 
-def _reference(structure, xs, ys, W0, basis, weight_decay) -> _Reference:
+def _reference_engine(
+    reference, solve_options, basis
+) -> tuple[MFlowEngine | LVEngine, dict]:
+    """The reference engine, and what is left of the deprecated `solve_options`
+    for the engine function (tolerances: passed on as before). The words
+    `"mflow"` and `"lv"` and `solve_options` warn."""
+    words = {"mflow": MFlowEngine, "lv": LVEngine}
+    if isinstance(reference, str) and reference not in words:
+        raise ValueError(
+            "`reference` must be an nqfjax.MFlowEngine or nqfjax.LVEngine (the "
+            f'words "mflow" and "lv" are deprecated), got {reference!r}.'
+        )
+    options = dict(solve_options or {})
+    if isinstance(reference, str) or solve_options is not None:
+        what = [f"reference={reference!r}"] * isinstance(reference, str)
+        what += ["`solve_options`"] * (solve_options is not None)
+        warnings.warn(
+            f"compare_methods's {' and '.join(what)} is deprecated and will be "
+            "removed in the next release; pass an engine holding its solver "
+            "options, e.g. reference=nqfjax.MFlowEngine(solver=diffrax.Tsit5()).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if isinstance(reference, str):
+        fields = ("solver", "stepsize_controller", "adjoint", "max_steps")
+        held = {k: options.pop(k) for k in fields if k in options}
+        reference = words[reference](**held)
+    if not isinstance(reference, MFlowEngine | LVEngine):
+        raise ValueError(
+            "`reference` must be an nqfjax.MFlowEngine or nqfjax.LVEngine, got "
+            f"{reference!r}."
+        )
+    if isinstance(reference, LVEngine) and basis is not None:
+        raise ValueError(
+            "`reference=LVEngine(...)` uses the basis of `lv_reduce`: omit `basis`."
+        )
+    return reference, options
+
+
+def _reference(structure, xs, ys, W0, basis, weight_decay, engine) -> _Reference:
     W0 = jnp.asarray(W0)
     task = task_from_samples(structure, xs, ys)
     lv_unit = None
-    if basis is None:
-        lv_unit, basis = lv_reduce(task, 1.0, weight_decay)
+    if basis is None:  # the reduction at the LV engine's tolerance
+        tol = engine.tol if isinstance(engine, LVEngine) else None
+        lv_unit, basis = lv_reduce(task, 1.0, weight_decay, tol=tol)
     basis = jnp.asarray(basis, W0.dtype)
     M0 = W0 @ W0.T
     m0 = np.asarray(jnp.diag(basis.T @ M0 @ basis))
@@ -306,29 +329,30 @@ def _seeded_runs(run, key, n_seeds):
     return np.asarray(res.m)[None], np.asarray(res.loss)[None]
 
 
-def _reference_flow(mth, ref, record, weight_decay, reference, opts):
+def _reference_flow(mth, ref, record, weight_decay, reference, extra):
     """The gradient flow from `M0` on the method's clock: mode amplitudes
-    `(R, q)` and loss `(R,)`, from the M-space flow or the LV reduction."""
+    `(R, q)` and loss `(R,)`, from the M-space flow or the LV reduction
+    (`reference.solve`; `extra`: the deprecated `solve_options` left)."""
     ts = jnp.asarray(record, ref.W0.dtype)
-    if reference == "mflow":
-        flow = solve_mflow(
+    if isinstance(reference, MFlowEngine):
+        flow = reference.solve(
             ref.task,
             ref.M0,
             ts,
             mth.learning_rate,
             weight_decay,
             momentum=mth.clock_momentum,
-            **opts,
+            **extra,
         )
         flow_m = jnp.einsum("pk,tpq,qk->tk", ref.basis, flow.ys, ref.basis)
         return np.asarray(flow_m), np.asarray(flow.loss)
-    flow = solve_lv(
+    flow = reference.solve(
         ref.lv_unit,
         np.maximum(ref.m0, np.finfo(ref.m0.dtype).tiny),
         ts,
         mth.learning_rate,
         momentum=mth.clock_momentum,
-        **opts,
+        **extra,
     )
     return np.asarray(flow.ys), np.asarray(flow.loss)
 

@@ -2,13 +2,14 @@ r"""Predictions for a user's own architecture and data (`predict`) and their
 agreement with a measured run (`agreement`); `experiments/predict_file.py` is
 the file-to-report driver of `nqfjax predict`.
 
-`predict` builds the empirical task of the samples, reduces it to a
-Lotka-Volterra system where the data allow (`lv_reduce`), and otherwise
-integrates the M-space flow from the initial `M0 = W0 W0^T` that `train` would
-start from with the same key, saying which engine it used and why.
+`predict` builds the empirical task of the samples and the initial
+`M0 = W0 W0^T` that `train` would start from with the same key, and runs an
+engine of `experiments/engines.py` on them (by default `AutoEngine`: the
+Lotka-Volterra reduction where the data allow, else the M-space flow), saying
+which engine it used and why.
 """
 
-from typing import Literal
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -18,15 +19,12 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import eager_only, static_int
-from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
-from ..engines.mflow import solve_mflow
 from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
+from ._modes import track_modes
 from .compare import switch_times_from_curves
-
-
-_ENGINES = ("auto", "lv", "mflow", "approximate_lv")
+from .engines import AbstractEngine, AutoEngine, engine_from_word
 
 
 class Prediction(eqx.Module):
@@ -46,8 +44,9 @@ class Prediction(eqx.Module):
 
     **Attributes:**
 
-    - `engine`: `"lv"` (exact reduction), `"mflow"` (the M-space flow) or
-      `"approximate_lv"` (the Lotka-Volterra system in the eigenbasis of `C`).
+    - `engine`: the engine used, `"lv"` (exact reduction), `"mflow"` (the
+      M-space flow) or `"approximate_lv"` (the Lotka-Volterra system in the
+      eigenbasis of `C`): what an `AutoEngine` chose.
     - `reason`: one line saying why that engine (the measured violation).
     - `violation`: the relative violation of commutation measured by
       `lv_reduce` (0 for an exact reduction; NaN when it was not measured).
@@ -120,7 +119,7 @@ class Agreement(eqx.Module):
 
 
 # --------------------------------------------------------------------------------
-# the engines, each behind one private function (their return types may change)
+# the start and the engine
 
 
 def _initial_weights(structure, key, init_scale, width, dtype):
@@ -132,80 +131,40 @@ def _initial_weights(structure, key, init_scale, width, dtype):
     return jnp.asarray(init_scale, dtype) * Z
 
 
-def _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps):
-    """`M(ts)` and the loss along it from the M-space flow."""
-    sol = solve_mflow(
-        task, M0, ts, eta, weight_decay, solver=solver, max_steps=max_steps
+def _engine(engine, tol, solver, max_steps) -> AbstractEngine:
+    """The engine object of `predict`'s arguments: `None` is `AutoEngine()`; a
+    word and the keywords `tol`, `solver`, `max_steps` are deprecated (the same
+    engine, through `engine_from_word`)."""
+    old = {"tol": tol, "solver": solver, "max_steps": max_steps}
+    given = [name for name, value in old.items() if value is not None]
+    if isinstance(engine, AbstractEngine):
+        if given:
+            raise ValueError(
+                f"Give {', '.join(f'`{n}`' for n in given)} inside the engine "
+                f"object, not beside it (got engine={engine!r})."
+            )
+        return engine
+    if engine is None and not given:
+        return AutoEngine()
+    word = "auto" if engine is None else engine
+    if not isinstance(word, str):
+        raise ValueError(
+            "`engine` must be an nqfjax.AbstractEngine (AutoEngine, LVEngine, "
+            f"MFlowEngine, ApproximateLVEngine) or None, got {engine!r}."
+        )
+    result = engine_from_word(word, **old)  # raises for an unknown word
+    what = [f"engine={word!r}"] * (engine is not None) + [f"`{n}`" for n in given]
+    warnings.warn(
+        f"predict's {', '.join(what)} is deprecated and will be removed in the next "
+        f"release; pass the engine as an object: engine={result!r}.",
+        DeprecationWarning,
+        stacklevel=3,
     )
-    return sol.ys, sol.loss
-
-
-def _solve_lv_curve(lv, m0, ts, max_steps):
-    """`m(ts)` and the loss along it from the Lotka-Volterra system."""
-    sol = solve_lv(lv, m0, ts, max_steps=max_steps)
-    return sol.ys, sol.loss
-
-
-def _reduce(task, eta, weight_decay, engine, tol):
-    """`(lv, basis, violation, tol)`; `lv` is `None` when the M-space flow is
-    needed. `approximate_lv` keeps the eigenbasis of `C` whatever the violation,
-    measured by a first `lv_reduce` at the usual tolerance."""
-    if engine == "mflow":
-        return None, None, float("nan"), float("nan")
-    try:
-        lv, basis = lv_reduce(task, eta, weight_decay, tol=tol)
-        used_tol = tol if tol is not None else float("nan")
-        return lv, basis, 0.0, used_tol
-    except NotReducibleError as e:
-        if engine == "lv":
-            raise
-        if engine == "auto":
-            return None, None, e.violation, e.tol
-        lv, basis = lv_reduce(task, eta, weight_decay, tol=np.inf)
-        return lv, basis, e.violation, e.tol
-
-
-def _exact_violation(task, eta, weight_decay, tol):
-    """The violation of an accepted reduction, measured again at `tol = 0`
-    (`lv_reduce` reports it only when it refuses)."""
-    try:
-        lv_reduce(task, eta, weight_decay, tol=0.0)
-    except NotReducibleError as e:
-        return e.violation
-    return 0.0
+    return result
 
 
 # --------------------------------------------------------------------------------
 # reading the curves
-
-
-def _track(M, V):
-    """The eigenvalues of `M(t)` (shape `(T, p, p)`) that continue the
-    eigenvectors `V` (shape `(p, q)`) of the last `M`, followed backwards in time
-    by the largest overlap between consecutive records (each record's
-    eigenvectors assigned greedily, the largest tracked mode first), so that a
-    mode keeps its identity when a later mode overtakes it. Shape `(T, q)`."""
-    lam, U = np.linalg.eigh(0.5 * (M + np.swapaxes(M, 1, 2)))
-    T, q = M.shape[0], V.shape[1]
-    out = np.zeros((T, q))
-    current = V
-    for t in range(T - 1, -1, -1):
-        overlap = (current.T @ U[t]) ** 2  # (q, p)
-        chosen = np.full(q, -1)
-        for j in np.argsort(-out[t + 1] if t + 1 < T else -np.arange(q)):
-            row = np.where(np.isin(np.arange(U.shape[1]), chosen), -1.0, overlap[j])
-            chosen[j] = int(np.argmax(row))
-        out[t] = lam[t, chosen]
-        current = U[t][:, chosen]
-    return out
-
-
-def _learned_modes(ts, lam_last, lam0):
-    """How many of the decreasing last eigenvalues `lam_last` are learned (see
-    `Prediction`)."""
-    top = max(float(lam_last[0]), float(lam0))
-    floor = np.sqrt(max(float(lam0), np.finfo(np.float64).tiny) * top)
-    return int(np.sum(lam_last > floor)) if lam_last[0] > lam0 else 0
 
 
 def _switch_times(ts, curves):
@@ -246,6 +205,22 @@ def _time_grid(num_steps, num_records, ts):
     return np.asarray(log_spaced_steps(num_steps, num_records), np.float64)
 
 
+def _check_arguments(structure, init_scale, learning_rate, width, weight_decay):
+    """The scalar arguments of `predict`, checked on the host; the width as an
+    int."""
+    if not isinstance(structure, AbstractStructure):
+        raise ValueError(
+            f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
+        )
+    width = static_int("width", width, 1)
+    for name, value in (("init_scale", init_scale), ("learning_rate", learning_rate)):
+        if not (np.ndim(value) == 0 and np.isfinite(value) and float(value) > 0):
+            raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
+    if not (np.ndim(weight_decay) == 0 and float(weight_decay) >= 0):
+        raise ValueError(f"`weight_decay` must be >= 0, got {weight_decay!r}.")
+    return width
+
+
 def predict(
     structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
@@ -259,10 +234,10 @@ def predict(
     ts: Float[ArrayLike, " T"] | None = None,
     num_records: int = 200,
     weight_decay: float = 0.0,
-    engine: Literal["auto", "lv", "mflow", "approximate_lv"] = "auto",
+    engine: AbstractEngine | None = None,
     tol: float | None = None,
-    solver: diffrax.AbstractSolver = diffrax.Tsit5(),
-    max_steps: int = 100_000,
+    solver: diffrax.AbstractSolver | None = None,
+    max_steps: int | None = None,
 ) -> Prediction:
     r"""Predict the loss curve of training `structure` on `(xs, ys)` from small
     initialisation, when each mode switches on, and what it learns.
@@ -270,26 +245,16 @@ def predict(
     Builds the empirical task (`task_from_samples`) and the initial
     $M_0 = W_0 W_0^\top$ with $W_0$ drawn exactly as
     `train(structure, xs, ys, key=key, init_scale=init_scale, width=width)`
-    draws it, then (`engine="auto"`):
-
-    - where the data allow, the exact Lotka-Volterra reduction
-      (`lv_reduce`, `solve_lv` from $m_0 = \mathrm{diag}(U^\top M_0 U)$);
-    - where `lv_reduce` raises `NotReducibleError` (real data: the input
-      covariance and the input-output correlation do not share an eigenbasis),
-      the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$ (`solve_mflow`);
-
-    and says which in `engine` and `reason`, with the measured violation.
-    `engine="approximate_lv"` uses the Lotka-Volterra system in the eigenbasis of
-    `C` whatever the violation (reported in `violation`): orders of magnitude
-    cheaper, exact only when the violation is 0; measure its departure from the
-    flow with `agreement(predict(..., engine="mflow"), approximate)`.
-
-    Time counts steps of full-batch gradient descent of rate `learning_rate`
-    (the flow is its small-rate limit: see `Prediction.growth_rate`). The M-space
-    flow uses the explicit `diffrax.Tsit5()` by default: on wine (`p = 16`) it
-    matched `diffrax.Kvaerno5` to 2e-7 in the loss at a small fraction of its cost
-    (`benchmarks/predict_cost.py`); pass an implicit solver where the flow is
-    stiff.
+    draws it, then runs `engine` (`AbstractEngine.run`): by default
+    `AutoEngine()`, the exact Lotka-Volterra reduction where the data allow
+    (`LVEngine`), else the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$
+    (`MFlowEngine`; real data: the input covariance and the input-output
+    correlation do not share an eigenbasis), saying which in `engine` and
+    `reason`, with the measured violation; or `ApproximateLVEngine()`, cheaper
+    but exact only when the violation is 0. Each engine holds its solver,
+    step-size controller, adjoint and `max_steps`. Time counts steps of
+    full-batch gradient descent of rate `learning_rate` (the flow is its
+    small-rate limit: see `Prediction.growth_rate`).
 
     Eager only: it chooses the engine on the host (`lv_reduce` runs in numpy),
     so under `jax.jit`, `vmap`, `grad` or `shard_map` it raises a `ValueError`
@@ -307,19 +272,17 @@ def predict(
       to `num_steps` (those of `train(..., num_records=num_records)`); or
     - `ts`: the times instead, increasing, from 0 or later.
     - `weight_decay`: $\lambda \ge 0$ on `W`.
-    - `engine`: `"auto"`, `"lv"` (raise `NotReducibleError` unless exact),
-      `"mflow"` or `"approximate_lv"`.
-    - `tol`: the violation `lv_reduce` accepts (its default: 1e-6 in float64,
-      1e-3 in float32).
-    - `solver`: the diffrax solver of the M-space flow.
-    - `max_steps`: the most solver steps (a solve that needs more raises).
+    - `engine`: an `AbstractEngine` (default `None`: `AutoEngine()`). The words
+      `"auto"`, `"lv"`, `"mflow"`, `"approximate_lv"` and the keywords `tol`,
+      `solver`, `max_steps` are deprecated (`engine_from_word` says what they
+      mean).
 
     **Returns:** a `Prediction`.
 
     **Raises:** `ValueError` naming the argument for bad shapes or values (from
-    `task_from_samples`, `solve_mflow`, `lv_reduce` and the checks here);
-    `NotReducibleError` for `engine="lv"` on data that do not reduce;
-    `ValueError` for traced arguments.
+    `task_from_samples`, the engine and the checks here); `NotReducibleError`
+    from `LVEngine` on data that do not reduce; `ValueError` for traced
+    arguments.
     """
     eager_only(
         "predict",
@@ -333,18 +296,8 @@ def predict(
         ts=ts,
         structure=structure,
     )
-    if not isinstance(structure, AbstractStructure):
-        raise ValueError(
-            f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
-        )
-    if engine not in _ENGINES:
-        raise ValueError(f"`engine` must be one of {_ENGINES}, got {engine!r}.")
-    width = static_int("width", width, 1)
-    for name, value in (("init_scale", init_scale), ("learning_rate", learning_rate)):
-        if not (np.ndim(value) == 0 and np.isfinite(value) and float(value) > 0):
-            raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
-    if not (np.ndim(weight_decay) == 0 and float(weight_decay) >= 0):
-        raise ValueError(f"`weight_decay` must be >= 0, got {weight_decay!r}.")
+    engine = _engine(engine, tol, solver, max_steps)
+    width = _check_arguments(structure, init_scale, learning_rate, width, weight_decay)
     grid = _time_grid(num_steps, num_records, ts)
 
     task = task_from_samples(structure, xs, ys)
@@ -353,58 +306,23 @@ def predict(
     M0 = W0 @ W0.T
     ts = jnp.asarray(grid, dtype)
     eta = float(learning_rate)
-    lv, basis, violation, used_tol = _reduce(task, eta, weight_decay, engine, tol)
+    run = engine.run(task, M0, ts, eta, weight_decay)
 
-    if lv is None:
-        M, loss = _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps)
-        M = np.asarray(M, np.float64)
-        lam, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
-        vecs, last = vecs[:, ::-1], lam[::-1]
-        curves = lambda q: _track(M, vecs[:, :q])  # noqa: E731
-        used = "mflow"
-        why = (
-            "M-space flow: the M-space flow was asked for"
-            if engine == "mflow"
-            else f"M-space flow: lv_reduce refused the data (violation of "
-            f"commutation {violation:.3g} > tol {used_tol:.3g})"
-        )
-    else:
-        m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
-        m, loss = _solve_lv_curve(lv, m0, ts, max_steps)
-        m = np.asarray(m, np.float64)
-        order = np.argsort(-m[-1], kind="stable")
-        vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
-        curves = lambda q: m[:, order[:q]]  # noqa: E731
-        if violation == 0.0:
-            used = "lv"
-            violation = _exact_violation(task, eta, weight_decay, used_tol)
-            why = f"exact Lotka-Volterra reduction (violation {violation:.3g})"
-        else:
-            used = "approximate_lv"
-            why = (
-                "approximate Lotka-Volterra system in the eigenbasis of C "
-                f"(violation of commutation {violation:.3g})"
-            )
-
-    loss = np.asarray(loss, np.float64)
-    lam0 = float(np.max(np.linalg.eigvalsh(np.asarray(M0, np.float64))))
-    q = _learned_modes(grid, last, lam0)
-    mode_curves = curves(q)
-    times = _switch_times(grid, mode_curves)
+    times = _switch_times(grid, run.mode_curves)
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(
-        engine=used,
-        reason=why,
-        violation=as_array(violation),
+        engine=run.engine,
+        reason=run.reason,
+        violation=as_array(run.violation),
         ts=ts,
-        loss=as_array(loss),
-        mode_curves=as_array(mode_curves),
+        loss=as_array(run.loss),
+        mode_curves=as_array(run.mode_curves),
         switch_times=as_array(times),
-        switch_levels=as_array(0.5 * last[:q]),
-        plateaus=as_array(_plateaus(grid, loss, times)),
-        modes=as_array(vecs[:, :q]),
-        mode_values=as_array(last[:q]),
+        switch_levels=as_array(0.5 * run.mode_values),
+        plateaus=as_array(_plateaus(grid, run.loss, times)),
+        modes=as_array(run.modes),
+        mode_values=as_array(run.mode_values),
         M0=M0,
         growth_rate=as_array(4.0 * eta * max(c_max, 0.0)),
     )
@@ -546,7 +464,7 @@ def agreement(
         end = max(int(np.searchsorted(t_m, 2.0 * horizon, side="right")), 2)
         M = np.asarray(measured.M, np.float64)[:end]
         U, overlaps = _matching_subspaces(M[-1], prediction.modes, groups)
-        lam = _track(M, U)
+        lam = track_modes(M, U)
         measured_times = _measured_times(t_m[:end], lam, levels, times, groups)
         measured_times = measured_times[pick]
     else:  # another prediction: its own switch-on times, matched in time order

@@ -2,6 +2,7 @@
 from the data, written as JSON and a figure, optionally against real training."""
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..progress import AbstractProgressMeter, as_progress_meter
 from ..structures.base import AbstractStructure
 from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
+from .engines import AbstractEngine, engine_from_word
 from .predict import agreement, predict
 
 
@@ -104,6 +106,25 @@ def default_hyperparameters(
     return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
 
 
+def _agreement_summary(P, trained) -> dict[str, Any]:
+    """The agreement of a trained network with the prediction `P`, for
+    `prediction.json`: per switch-on, and the loss curve."""
+    a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
+    return {
+        "switch_on": [
+            {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
+            for p, m, e, o in zip(
+                np.asarray(a.predicted_times).tolist(),
+                np.asarray(a.measured_times).tolist(),
+                np.asarray(a.time_errors).tolist(),
+                np.asarray(a.subspace_overlaps).tolist(),
+            )
+        ],
+        "log_loss_departure": a.log_loss_departure,
+        "up_to": a.horizon,
+    }
+
+
 def predict_file(
     out_dir: str | os.PathLike,
     *,
@@ -116,7 +137,7 @@ def predict_file(
     learning_rate: float | None = None,
     width: int = DEFAULT_WIDTH,
     num_steps: int | None = None,
-    engine: str = "auto",
+    engine: AbstractEngine | None = None,
     train_network: bool = False,
     seed: int = 0,
     progress: bool | AbstractProgressMeter = True,
@@ -136,7 +157,9 @@ def predict_file(
     - `init_scale`, `learning_rate`, `width`, `num_steps`, `engine`: as
       `predict`; `learning_rate` and `num_steps` default to
       `default_hyperparameters`, `width` to `DEFAULT_WIDTH = 64` (the real
-      layer follows its quadratic form better the wider it is).
+      layer follows its quadratic form better the wider it is), `engine` to
+      `AutoEngine()` (a word of `nqfjax predict --engine` is deprecated here:
+      the command maps it with `engine_from_word`).
     - `train_network`: also train and compare.
     - `seed`: the PRNG seed of the initial weights.
     - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`; `True` for a
@@ -149,6 +172,14 @@ def predict_file(
     """
     if (data is None) == (dataset is None):
         raise ValueError("Give exactly one of a data file and `dataset`.")
+    if isinstance(engine, str):
+        engine = engine_from_word(engine)
+        warnings.warn(
+            "predict_file's `engine` as a word is deprecated and will be removed in "
+            f"the next release; pass the engine as an object: engine={engine!r}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     if data is not None:
         xs, ys = load_data_file(data)
         source = str(data)
@@ -210,21 +241,8 @@ def predict_file(
             record_at=[int(s) for s in np.asarray(P.ts)],
         )
         bar.update()
-        a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
         summary["trained"] = {"t": trained.ts, "loss": trained.loss}
-        summary["agreement"] = {
-            "switch_on": [
-                {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
-                for p, m, e, o in zip(
-                    np.asarray(a.predicted_times).tolist(),
-                    np.asarray(a.measured_times).tolist(),
-                    np.asarray(a.time_errors).tolist(),
-                    np.asarray(a.subspace_overlaps).tolist(),
-                )
-            ],
-            "log_loss_departure": a.log_loss_departure,
-            "up_to": a.horizon,
-        }
+        summary["agreement"] = _agreement_summary(P, trained)
     title = f"{arch} on {Path(source).name if data is not None else dataset}"
     fig = plots.plot_prediction(P, trained, title)
     files = {"summary": "prediction.json", "figure": "prediction.png"}

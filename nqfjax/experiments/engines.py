@@ -1,0 +1,378 @@
+r"""The engine of a prediction as an object: which flow `predict` integrates (and
+`compare_methods` compares against), with the diffrax objects that configure
+its solve.
+
+- `MFlowEngine`: the M-space flow $\dot M = -2\eta(GM + MG) - 2\eta\lambda M$
+  (`solve_mflow`), exact for any data and any $M_0$.
+- `LVEngine`: the exact Lotka-Volterra reduction (`lv_reduce`, `solve_lv`);
+  `NotReducibleError` where the data do not reduce.
+- `ApproximateLVEngine`: the Lotka-Volterra system in the eigenbasis of `C`
+  whatever the violation of commutation (reported).
+- `AutoEngine`: its `lv` engine where the data reduce, else its `mflow` engine.
+
+Each holds `solver`, `stepsize_controller`, `adjoint` and `max_steps`, passed
+to its engine function; `None` leaves that function's default. `AbstractEngine.run`
+is the one method `predict` calls.
+"""
+
+import abc
+import dataclasses
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+from ..engines._integrate import Solution
+from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
+from ..engines.mflow import solve_mflow
+from ..tasks.base import Task
+from ..tasks.lotka_volterra import LotkaVolterra
+from ._modes import learned_modes, track_modes
+
+
+class EngineRun(eqx.Module):
+    r"""What an engine gives `predict` (`AbstractEngine.run`): the loss along the
+    times and the learned modes, as float64 numpy arrays.
+
+    **Fields:**
+
+    - `engine`: the engine used, `"lv"`, `"mflow"` or `"approximate_lv"`.
+    - `reason`: one line saying why (with the measured violation).
+    - `violation`: the relative violation of commutation (0 for an exact
+      reduction measured at roundoff; NaN when not measured).
+    - `loss`: the loss at the times, shape `(T,)`.
+    - `mode_curves`: the learned modes' values along the times, shape `(T, q)`.
+    - `modes`: the learned modes, shape `(p, q)`, by decreasing last value.
+    - `mode_values`: their last values, shape `(q,)`.
+    """
+
+    engine: str = eqx.field(static=True)
+    reason: str = eqx.field(static=True)
+    violation: float
+    loss: Float[np.ndarray, " T"]
+    mode_curves: Float[np.ndarray, "T q"]
+    modes: Float[np.ndarray, "p q"]
+    mode_values: Float[np.ndarray, " q"]
+
+
+def _check_options(engine) -> None:
+    """The diffrax options of an engine: `None` or the right diffrax type, and
+    `max_steps` an int >= 1."""
+    kinds = (
+        ("solver", diffrax.AbstractSolver),
+        ("stepsize_controller", diffrax.AbstractStepSizeController),
+        ("adjoint", diffrax.AbstractAdjoint),
+    )
+    name = type(engine).__name__
+    for field, kind in kinds:
+        value = getattr(engine, field)
+        if value is not None and not isinstance(value, kind):
+            raise ValueError(
+                f"`{field}` of {name} must be a diffrax.{kind.__name__} or None, "
+                f"got {value!r}."
+            )
+    steps = engine.max_steps
+    integer = isinstance(steps, int | np.integer) and not isinstance(steps, bool)
+    if steps is not None and not (integer and steps >= 1):
+        raise ValueError(
+            f"`max_steps` of {name} must be an int >= 1 or None, got {steps!r}."
+        )
+
+
+def _check_tol(engine) -> None:
+    tol = engine.tol
+    ok = isinstance(tol, int | float | np.number) and not isinstance(tol, bool)
+    if tol is not None and not (ok and float(tol) >= 0):
+        raise ValueError(
+            f"`tol` of {type(engine).__name__} must be a number >= 0 or None, "
+            f"got {tol!r}."
+        )
+
+
+def _options(engine) -> dict:
+    """The engine's diffrax options that are set (`None` leaves the engine
+    function's default)."""
+    names = ("solver", "stepsize_controller", "adjoint", "max_steps")
+    return {n: getattr(engine, n) for n in names if getattr(engine, n) is not None}
+
+
+class AbstractEngine(eqx.Module):
+    """The engine of a prediction: what `predict(engine=...)` integrates.
+
+    A concrete engine implements `run`; `predict` builds the task and `M0`, calls
+    `run`, and reads the switch-on times and plateaus off its `EngineRun`.
+    """
+
+    @abc.abstractmethod
+    def run(
+        self,
+        task: Task,
+        M0: Float[ArrayLike, "p p"],
+        ts: Float[ArrayLike, " T"],
+        learning_rate: float,
+        weight_decay: float = 0.0,
+    ) -> EngineRun:
+        r"""Integrate the flow of `task` from `M0` at the times `ts` (gradient
+        steps of rate `learning_rate`, weight decay `weight_decay`) and read its
+        learned modes.
+
+        **Returns:** an `EngineRun` (`nqfjax.experiments.engines.EngineRun`:
+        the engine's name and reason, the loss, the learned modes and their
+        curves).
+        """
+
+
+class MFlowEngine(AbstractEngine):
+    r"""The M-space flow $\dot M = -2\eta(GM + MG) - 2\eta\lambda M$ from $M_0$
+    (`solve_mflow`): exact for any data and any $M_0$; `O(p^3)` per step.
+
+    **Arguments:** `solver`, `stepsize_controller`, `adjoint`, `max_steps`:
+    passed to `solve_mflow`; `None` (default) leaves its default (the implicit
+    `diffrax.Kvaerno5`, a PID controller at 1e-9 in float64). `predict`'s
+    automatic choice uses `MFlowEngine(solver=diffrax.Tsit5())`: before the
+    modes switch on the flow is not stiff, and on wine (`p = 16`) it matched
+    `Kvaerno5` to 2e-7 in the loss at a fraction of the cost.
+    """
+
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    adjoint: diffrax.AbstractAdjoint | None = None
+    max_steps: int | None = eqx.field(default=None, static=True)
+
+    def __check_init__(self):
+        _check_options(self)
+
+    def solve(
+        self,
+        task: Task,
+        M0: Float[ArrayLike, "p p"],
+        ts: Float[ArrayLike, " T"],
+        learning_rate,
+        weight_decay=0.0,
+        **kwargs,
+    ) -> Solution:
+        """`solve_mflow(task, M0, ts, learning_rate, weight_decay, **kwargs)`
+        with this engine's solver options (`kwargs`: its others, e.g.
+        `momentum`)."""
+        return solve_mflow(
+            task, M0, ts, learning_rate, weight_decay, **_options(self), **kwargs
+        )
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+        """The flow's `M(ts)`; the modes are the eigenvectors of the last `M`,
+        each followed back in time by eigenvector overlap."""
+        sol = self.solve(task, M0, ts, learning_rate, weight_decay)
+        M = np.asarray(sol.ys, np.float64)
+        lam, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
+        vecs, last = vecs[:, ::-1], lam[::-1]
+        q = learned_modes(last, M0)
+        return EngineRun(
+            engine="mflow",
+            reason="M-space flow: the M-space flow was asked for",
+            violation=float("nan"),
+            loss=np.asarray(sol.loss, np.float64),
+            mode_curves=track_modes(M, vecs[:, :q]),
+            modes=vecs[:, :q],
+            mode_values=last[:q],
+        )
+
+
+def _exact_violation(task, eta, weight_decay):
+    """The violation of an accepted reduction, measured again at `tol = 0`
+    (`lv_reduce` reports it only when it refuses)."""
+    try:
+        lv_reduce(task, eta, weight_decay, tol=0.0)
+    except NotReducibleError as e:
+        return e.violation
+    return 0.0
+
+
+def _solve_lv_run(options, lv, basis, M0, ts, **labels) -> EngineRun:
+    """`solve_lv` from $m_0 = \\mathrm{diag}(U^\\top M_0 U)$; the modes are the
+    columns of the basis, by decreasing last value."""
+    m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
+    sol = solve_lv(lv, m0, ts, **options)
+    m = np.asarray(sol.ys, np.float64)
+    order = np.argsort(-m[-1], kind="stable")
+    vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
+    q = learned_modes(last, M0)
+    return EngineRun(
+        **labels,
+        loss=np.asarray(sol.loss, np.float64),
+        mode_curves=m[:, order[:q]],
+        modes=vecs[:, :q],
+        mode_values=last[:q],
+    )
+
+
+def _exact_lv_run(engine, task, M0, ts, eta, weight_decay, lv, basis) -> EngineRun:
+    violation = _exact_violation(task, eta, weight_decay)
+    return _solve_lv_run(
+        _options(engine),
+        lv,
+        basis,
+        M0,
+        ts,
+        engine="lv",
+        reason=f"exact Lotka-Volterra reduction (violation {violation:.3g})",
+        violation=violation,
+    )
+
+
+class LVEngine(AbstractEngine):
+    r"""The exact Lotka-Volterra reduction: `lv_reduce` (refusing data whose
+    violation of commutation exceeds `tol` with `NotReducibleError`), then
+    `solve_lv` from $m_0 = \mathrm{diag}(U^\top M_0 U)$: exact when $M_0$ is
+    diagonal in the basis `U`, and `O(p)` to `O(p^2)` per step.
+
+    **Arguments:**
+
+    - `tol`: the violation `lv_reduce` accepts (`None`: its default, 1e-6 in
+      float64, 1e-3 in float32).
+    - `solver`, `stepsize_controller`, `adjoint`, `max_steps`: passed to
+      `solve_lv`; `None` (default) leaves its default (the Rosenbrock solver
+      `LVRosenbrock`, a PID controller in the max norm on `log m`).
+    """
+
+    tol: float | None = eqx.field(default=None, static=True)
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    adjoint: diffrax.AbstractAdjoint | None = None
+    max_steps: int | None = eqx.field(default=None, static=True)
+
+    def __check_init__(self):
+        _check_tol(self)
+        _check_options(self)
+
+    def solve(
+        self,
+        lv: LotkaVolterra,
+        m0: Float[ArrayLike, " p"],
+        ts: Float[ArrayLike, " T"],
+        learning_rate=1.0,
+        **kwargs,
+    ) -> Solution:
+        """`solve_lv(lv, m0, ts, learning_rate, **kwargs)` with this engine's
+        solver options (`kwargs`: its others, e.g. `momentum`)."""
+        return solve_lv(lv, m0, ts, learning_rate, **_options(self), **kwargs)
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+        """**Raises:** `NotReducibleError` where the data do not reduce."""
+        lv, basis = lv_reduce(task, learning_rate, weight_decay, tol=self.tol)
+        return _exact_lv_run(self, task, M0, ts, learning_rate, weight_decay, lv, basis)
+
+
+class ApproximateLVEngine(AbstractEngine):
+    r"""The Lotka-Volterra system in the eigenbasis of `C` whatever the violation
+    of commutation (`lv_reduce(..., tol=inf)`): orders of magnitude cheaper than
+    the M-space flow, exact only when the violation is 0. Where the data reduce
+    within `tol` it is `LVEngine`'s exact reduction (and says so); otherwise the
+    violation is reported, and its departure from the flow is measured by
+    `agreement(predict(..., engine=MFlowEngine()), approximate)`.
+
+    **Arguments:** as `LVEngine`.
+    """
+
+    tol: float | None = eqx.field(default=None, static=True)
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    adjoint: diffrax.AbstractAdjoint | None = None
+    max_steps: int | None = eqx.field(default=None, static=True)
+
+    def __check_init__(self):
+        _check_tol(self)
+        _check_options(self)
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+        eta = learning_rate
+        try:
+            lv, basis = lv_reduce(task, eta, weight_decay, tol=self.tol)
+        except NotReducibleError as e:
+            lv, basis = lv_reduce(task, eta, weight_decay, tol=np.inf)
+            return _solve_lv_run(
+                _options(self),
+                lv,
+                basis,
+                M0,
+                ts,
+                engine="approximate_lv",
+                reason="approximate Lotka-Volterra system in the eigenbasis of C "
+                f"(violation of commutation {e.violation:.3g})",
+                violation=e.violation,
+            )
+        return _exact_lv_run(self, task, M0, ts, eta, weight_decay, lv, basis)
+
+
+class AutoEngine(AbstractEngine):
+    """The automatic choice (`predict`'s default): `lv` where `lv_reduce` accepts
+    the data, else `mflow` (real data: the input covariance and the input-output
+    correlation do not share an eigenbasis), saying why with the measured
+    violation.
+
+    **Arguments:**
+
+    - `lv`: the `LVEngine` tried first (its `tol` decides; default `LVEngine()`).
+    - `mflow`: the `MFlowEngine` otherwise (default
+      `MFlowEngine(solver=diffrax.Tsit5())`).
+    """
+
+    lv: LVEngine = LVEngine()
+    mflow: MFlowEngine = MFlowEngine(solver=diffrax.Tsit5())
+
+    def __check_init__(self):
+        for name, kind in (("lv", LVEngine), ("mflow", MFlowEngine)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(
+                    f"`{name}` of AutoEngine must be an nqfjax.{kind.__name__}, got "
+                    f"{getattr(self, name)!r}."
+                )
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+        try:
+            return self.lv.run(task, M0, ts, learning_rate, weight_decay)
+        except NotReducibleError as e:
+            run = self.mflow.run(task, M0, ts, learning_rate, weight_decay)
+            reason = (
+                "M-space flow: lv_reduce refused the data (violation of "
+                f"commutation {e.violation:.3g} > tol {e.tol:.3g})"
+            )
+            return dataclasses.replace(run, reason=reason, violation=e.violation)
+
+
+#: The words of `nqfjax predict --engine` (and of `predict`'s deprecated strings).
+ENGINE_WORDS = ("auto", "lv", "mflow", "approximate_lv")
+
+
+def engine_from_word(
+    word: str,
+    *,
+    tol: float | None = None,
+    solver: diffrax.AbstractSolver | None = None,
+    max_steps: int | None = None,
+) -> AbstractEngine:
+    """The engine a word of the command line names (`nqfjax predict --engine`):
+    `"auto"` (`AutoEngine()`), `"lv"` (`LVEngine()`), `"mflow"`
+    (`MFlowEngine(solver=diffrax.Tsit5())`, as the automatic choice's) or
+    `"approximate_lv"` (`ApproximateLVEngine()`). `tol` goes to the
+    Lotka-Volterra engines, `solver` (default `diffrax.Tsit5()`) to the M-space
+    flow, `max_steps` to every solve (the meaning of `predict`'s deprecated
+    keywords).
+
+    **Raises:** `ValueError` for another word.
+    """
+    if word not in ENGINE_WORDS:
+        raise ValueError(
+            f"`engine` must be an nqfjax.AbstractEngine or one of {ENGINE_WORDS}, "
+            f"got {word!r}."
+        )
+    lv = LVEngine(tol=tol, max_steps=max_steps)
+    mflow = MFlowEngine(
+        solver=diffrax.Tsit5() if solver is None else solver, max_steps=max_steps
+    )
+    if word == "auto":
+        return AutoEngine(lv=lv, mflow=mflow)
+    if word == "approximate_lv":
+        return ApproximateLVEngine(tol=tol, max_steps=max_steps)
+    return lv if word == "lv" else mflow
