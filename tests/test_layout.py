@@ -89,11 +89,12 @@ LAYERS = [
 
 #: Imports inside nqfjax of a private name (`_x`) of another nqfjax module. They
 #: were 83; shared helpers now have public names in private modules (`_linalg`,
-#: `_checks`, `analysis/_least_squares`, `plots/_common`, `structures/_blocks`).
-#: What is left is within `theory/` and the Lotka-Volterra engines (and
-#: `experiments/finite_data` reaching into `theory/capacity`). This is a
-#: ratchet: lower it when you remove one, never raise it.
-MAX_PRIVATE_IMPORTS = 24
+#: `_checks`, `analysis/_least_squares`, `plots/_common`, `structures/_blocks`,
+#: `engines/_lv_common`). What is left is within `theory/`, the fused LV loop's
+#: `_combine` of `engines/_rosenbrock` (and `experiments/finite_data` reaching
+#: into `theory/capacity`). This is a ratchet: lower it when you remove one,
+#: never raise it.
+MAX_PRIVATE_IMPORTS = 20
 
 
 def _module_name(path: Path) -> str:

@@ -17,12 +17,23 @@ from nqfjax import (
     solve_lv,
     solve_lv_batch,
 )
-from nqfjax.engines import lv_batch
+from nqfjax.engines import _lv_batch_adjoint, _lv_batch_loop
 
 
 P = 5
 TS = np.geomspace(1e-2, 1e3, 30)
 ATOL = 1e-8  # on log m: the relative error of m per step
+
+
+def _pid(atol, rtol=None, dtype=jnp.float64):
+    """The controller of the default tolerances at `atol` on `log m` (`None`:
+    the dtype's default) and, unless given, `rtol = atol / |log floor|`, as
+    `solve_lv_batch` builds it."""
+    if atol is None:
+        atol = 1e-9 if dtype == jnp.float64 else 1e-5
+    if rtol is None:
+        rtol = atol / abs(np.log(np.finfo(dtype).tiny))
+    return diffrax.PIDController(rtol=rtol, atol=atol)
 
 
 def _interactions(p=P):
@@ -64,7 +75,7 @@ def structured():
     r, B, d, U = _interactions()
     lv = LotkaVolterra(jnp.asarray(r), B_diag=jnp.asarray(d), B_factor=jnp.asarray(U))
     m0 = _m0()
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL))
     alone = jax.vmap(lambda m: solve_lv(lv, m, TS, atol=ATOL))(jnp.asarray(m0))
     ref = np.stack([_scipy_log(r, B, m, TS) for m in m0])
     return lv, m0, sol, alone, ref
@@ -81,7 +92,7 @@ def batched_dense():
     decays = scales * (0.5 * np.min(r) + 0.5 * np.median(r))
     lv = jax.vmap(LotkaVolterra)(jnp.asarray(rs), jnp.asarray(Bs), jnp.asarray(decays))
     m0 = _m0(seed=1)
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL))
     ref = np.stack([_scipy_log(*a, TS, c) for *a, c in zip(rs, Bs, m0, decays)])
     return lv, m0, sol, ref
 
@@ -134,7 +145,7 @@ def test_member_does_not_depend_on_its_companions(structured):
     (each solved alone) it takes the same steps as in the whole batch and gives
     the same numbers up to the rounding of the batched products."""
     lv, m0, whole, _, _ = structured
-    alone = solve_lv_batch(lv, m0, TS, atol=ATOL, chunk_size=1)
+    alone = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), chunk_size=1)
     np.testing.assert_array_equal(alone.stats["num_steps"], whole.stats["num_steps"])
     np.testing.assert_allclose(alone.ys, whole.ys, rtol=1e-9)
 
@@ -147,7 +158,9 @@ def test_max_steps_is_reported_not_capped(batched_dense):
     lv, m0, full, _ = batched_dense
     steps = np.asarray(full.stats["num_steps"])
     limit = int(steps.min() + steps.max()) // 2
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL, max_steps=limit, throw=False)
+    sol = solve_lv_batch(
+        lv, m0, TS, stepsize_controller=_pid(ATOL), max_steps=limit, throw=False
+    )
     ran_out = steps > limit
     assert ran_out.any() and not ran_out.all()
     reported = np.asarray(sol.result == diffrax.RESULTS.max_steps_reached)
@@ -159,14 +172,14 @@ def test_max_steps_is_reported_not_capped(batched_dense):
     np.testing.assert_array_equal(np.asarray(sol.stats["num_steps"])[ran_out], limit)
     assert bool(jnp.all(jnp.any(sol.stats["moving"][ran_out], axis=-1)))
     with pytest.raises(RuntimeError, match="max_steps"):
-        solve_lv_batch(lv, m0, TS, atol=ATOL, max_steps=limit)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), max_steps=limit)
 
 
 def test_under_jit_equals_eager_and_checks_at_run_time(structured):
     """Traced `m0`, `ts` and `atol` give the eager numbers; a bad traced `m0`
     raises at run time with the eager message."""
     lv, m0, eager, _, _ = structured
-    f = jax.jit(lambda m, ts, a: solve_lv_batch(lv, m, ts, atol=a))
+    f = jax.jit(lambda m, ts, a: solve_lv_batch(lv, m, ts, stepsize_controller=_pid(a)))
     jitted = f(jnp.asarray(m0), jnp.asarray(TS), ATOL)
     np.testing.assert_allclose(jitted.ys, eager.ys, rtol=1e-12)
     np.testing.assert_array_equal(jitted.stats["num_steps"], eager.stats["num_steps"])
@@ -204,7 +217,7 @@ def test_bad_inputs_are_named(structured, batched_dense):
     with pytest.raises(ValueError, match="m0"):
         solve_lv_batch(lv, -m0, TS)
     with pytest.raises(ValueError, match="atol"):
-        solve_lv_batch(lv, m0, TS, atol=-1.0)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(-1.0))
     with pytest.raises(ValueError, match="max_steps"):
         solve_lv_batch(lv, m0, TS, max_steps=0)
     with pytest.raises(ValueError, match="chunk_size"):
@@ -235,18 +248,23 @@ def test_structured_step_is_the_woodbury_rosenbrock_step(q, batched):
         )
     else:
         interactions = eqx.tree_at(lambda i: i.d, DiagonalInteractions(d_one), d)
-    system = (
-        jnp.asarray(rng.normal(size=(*lead, p))),
-        interactions,
-        jnp.asarray(rng.uniform(0.0, 0.1, size=lead)),
+    system = eqx.tree_at(  # the leaves of r, B and the decay, batched or not
+        lambda lv: (lv.r, lv.interactions, lv.decay),
+        LotkaVolterra(jnp.ones(p), DiagonalInteractions(jnp.ones(p))),
+        (
+            jnp.asarray(rng.normal(size=(*lead, p))),
+            interactions,
+            jnp.asarray(rng.uniform(0.0, 0.1, size=lead)),
+        ),
     )
-    axes = (ax,) * len(jax.tree.leaves(system))
+    # the loss's scale and offset are shared
+    axes = (ax,) * (len(jax.tree.leaves(system)) - 2) + (None, None)
     y0 = jnp.asarray(rng.normal(size=(n, p)) - 2.0)
     h = jnp.asarray(rng.uniform(0.01, 3.0, size=n))
     y_max = jnp.asarray(177.0)
-    fused = lv_batch._structured_step(system, y0, h, y_max, axes=axes)
-    in_axes = lv_batch._in_axes(system, axes)
-    member = jax.vmap(lv_batch._member_step, in_axes=(in_axes, 0, 0, None))
+    fused = _lv_batch_loop.structured_step(system, y0, h, y_max, axes=axes)
+    in_axes = _lv_batch_loop.in_axes(system, axes)
+    member = jax.vmap(_lv_batch_loop.member_step, in_axes=(in_axes, 0, 0, None))
     for a, b in zip(fused, member(system, y0, h, y_max)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -273,7 +291,9 @@ def _grad_loss(params, weights, atol, dtype=jnp.float64, **kw):
     dense output) and of the loss: `(value, solution)`."""
     r, d, U, log_m0 = (x.astype(dtype) for x in params)
     lv = LotkaVolterra(r, B_diag=d, B_factor=U)
-    sol = solve_lv_batch(lv, jnp.exp(log_m0), TS_GRAD, rtol=0.0, atol=atol, **kw)
+    sol = solve_lv_batch(
+        lv, jnp.exp(log_m0), TS_GRAD, stepsize_controller=_pid(atol, 0.0, dtype), **kw
+    )
     value = jnp.sum(weights * jnp.log(sol.ys)) + jnp.sum(sol.loss) / 10
     return value, sol
 
@@ -311,8 +331,11 @@ def test_gradient_refuses_the_times_and_tolerances():
         def f(x):
             args = dict(ts=jnp.asarray(TS_GRAD), atol=1e-8, dt0=1e-3)
             args.update({k: v(x) for k, v in kw.items()})
-            ts = args.pop("ts")
-            return jnp.sum(solve_lv_batch(lv, m0, ts, **args).ys)
+            ts, atol = args.pop("ts"), args.pop("atol")
+            pid = diffrax.PIDController(rtol=0.0, atol=atol)
+            return jnp.sum(
+                solve_lv_batch(lv, m0, ts, stepsize_controller=pid, **args).ys
+            )
 
         return jax.grad(f)
 
@@ -344,7 +367,7 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     w = jnp.asarray(np.random.default_rng(4).normal(size=(len(m0), P)))
 
     def batch(lv, m0):
-        sol = solve_lv_batch(lv, m0, ts, atol=ATOL)
+        sol = solve_lv_batch(lv, m0, ts, stepsize_controller=_pid(ATOL))
         return jnp.sum(w * jnp.log(sol.ys[:, -1])) + jnp.sum(sol.loss[:, -1])
 
     in_axes = 0 if system == "batched_dense" else None
@@ -379,7 +402,9 @@ def test_gradient_with_recomputed_segments_and_float32():
     f = lambda p, **kw: _grad_loss(p, weights, 1e-8, **kw)
     (_, sol), g = jax.value_and_grad(f, has_aux=True)(params)
     steps = int(jnp.max(sol.stats["num_steps"]))
-    assert lv_batch._segment(steps + 10) < int(jnp.min(sol.stats["num_accepted_steps"]))
+    assert _lv_batch_adjoint.segment_length(steps + 10) < int(
+        jnp.min(sol.stats["num_accepted_steps"])
+    )
     g_seg = jax.grad(lambda p: f(p, max_steps=steps + 10)[0])(params)
     # chunks of one member, each its own loop (and its own backward pass): the
     # same steps, the batched products rounded differently (as the solution)
