@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 import pytest
 from helpers import lv_interactions
 from scipy.integrate import solve_ivp
@@ -17,7 +18,8 @@ from nqfjax import (
     solve_lv,
     solve_lv_batch,
 )
-from nqfjax.engines import _lv_batch_adjoint, _lv_batch_loop
+from nqfjax.engines import _lv_batch_adjoint, _lv_batch_loop, _lv_common
+from nqfjax.engines._rosenbrock import RODAS4
 
 
 P = 5
@@ -199,6 +201,107 @@ def test_float32(structured):
     sol = solve_lv_batch(lv32, jnp.asarray(m0, jnp.float32), TS)
     assert sol.ys.dtype == jnp.float32
     assert _rel(sol.ys, ref) < 2e-4
+
+
+def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
+    """`rtol=`/`atol=` still work for one release, warning with the
+    replacement, and give the numbers of the controller they stand for (the
+    same steps, bit for bit); `atol` alone keeps `rtol = atol / |log floor|`."""
+    lv, m0, sol, _, _ = structured
+    match = r"stepsize_controller=diffrax.PIDController\(rtol=..., atol=...\)"
+    with pytest.warns(DeprecationWarning, match=match):
+        old = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    np.testing.assert_array_equal(old.ys, sol.ys)
+    np.testing.assert_array_equal(old.stats["num_steps"], sol.stats["num_steps"])
+    with pytest.warns(DeprecationWarning, match=match):
+        old = solve_lv_batch(lv, m0, TS, rtol=0.0, atol=1e-7)
+    new = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(1e-7, 0.0))
+    np.testing.assert_array_equal(old.ys, new.ys)
+    with pytest.raises(ValueError, match="not also as `rtol`/`atol`"):
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), atol=ATOL)
+
+
+def test_controller_steps_as_diffrax_s():
+    """The loop's controller (`control`, with the constants read from a
+    `diffrax.PIDController` by `pid_constants`) against diffrax's own
+    `adapt_step_size` of the same controller in the max norm, on random
+    errors around the tolerance (accepted and rejected steps, a clip by
+    `dtmax`): the same decisions and next step sizes (to the rounding of
+    diffrax's `t1 - t0`, 1e-12)."""
+    pid = diffrax.PIDController(
+        rtol=1e-3,
+        atol=1e-6,
+        norm=optx.max_norm,
+        icoeff=0.7,
+        safety=0.8,
+        factormin=0.3,
+        factormax=4.0,
+        dtmax=0.5,
+    )
+    constants = _lv_common.pid_constants(pid, RODAS4.order, jnp.float64)
+    rng = np.random.default_rng(0)
+    n, p = 64, P
+    y0, y1 = rng.normal(size=(2, n, p))
+    err = 1e-3 * 10 ** rng.uniform(-3, 0.5, size=(n, p))
+    h = 10 ** rng.uniform(-3, 0, size=n)
+    active = jnp.ones(n, bool)
+    accept, dt = _lv_batch_loop.control(constants, y0, y1, err, h, active)
+    state = (jnp.asarray(1.0), jnp.asarray(1.0), False)
+    for i in range(n):
+        keep, t0, t1, _, _, _ = pid.adapt_step_size(
+            0.0, h[i], y0[i], y1[i], None, err[i], RODAS4.order, state
+        )
+        assert bool(keep) == bool(accept[i])
+        np.testing.assert_allclose(dt[i], t1 - t0, rtol=1e-12)
+    assert 0 < int(jnp.sum(accept)) < n and bool(jnp.any(dt == 0.5))
+
+
+@pytest.mark.slow  # 36 s; test_controller_steps_as_diffrax_s checks the same
+def test_controller_options_are_diffrax_s(structured):
+    """The options the fused loop reads from a `diffrax.PIDController`
+    (`icoeff`, `safety`, `factormin`, `factormax`, `dtmax`, the tolerances)
+    step as diffrax does with the same controller in `solve_lv`: the same step
+    counts, and the same numbers to rounding (1e-10, as with the defaults). With
+    the options changed the step counts differ from the defaults', so they
+    were read."""
+    lv, m0, default, _, _ = structured
+    pid = diffrax.PIDController(
+        rtol=1e-11,
+        atol=ATOL,
+        norm=optx.max_norm,
+        icoeff=0.7,
+        safety=0.8,
+        factormin=0.3,
+        factormax=4.0,
+        dtmax=20.0,
+    )
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
+    alone = jax.vmap(lambda m: solve_lv(lv, m, TS, stepsize_controller=pid))(
+        jnp.asarray(m0)
+    )
+    np.testing.assert_array_equal(sol.stats["num_steps"], alone.stats["num_steps"])
+    assert _rel(sol.ys, alone.ys) < 1e-10
+    assert np.all(sol.stats["num_steps"] != default.stats["num_steps"])
+
+
+def test_controller_options_the_loop_cannot_honour_are_named(structured):
+    lv, m0, _, _, _ = structured
+    for option in (
+        dict(pcoeff=0.3),
+        dict(dcoeff=0.1),
+        dict(dtmin=1e-6),
+        dict(norm=optx.two_norm),
+    ):
+        pid = diffrax.PIDController(rtol=0.0, atol=ATOL, **option)
+        with pytest.raises(ValueError, match=f"cannot honour `{next(iter(option))}`"):
+            solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
+    clip = diffrax.PIDController(rtol=0.0, atol=ATOL, step_ts=TS)
+    for controller in (clip, diffrax.ConstantStepSize()):
+        with pytest.raises(ValueError, match="must be a diffrax.PIDController"):
+            solve_lv_batch(lv, m0, TS, stepsize_controller=controller)
+    with pytest.raises(ValueError, match="dtmax"):
+        pid = diffrax.PIDController(rtol=0.0, atol=ATOL, dtmax=-1.0)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
 
 
 def test_bad_inputs_are_named(structured, batched_dense):

@@ -129,7 +129,7 @@ def pid_constants(
         )
     unsupported = [
         name
-        for name in ("pcoeff", "dcoeff", "dtmin", "force_dtmin")
+        for name in ("pcoeff", "dcoeff", "dtmin")
         if not _same(getattr(controller, name), getattr(_DEFAULT_PID, name))
     ]
     if controller.norm not in (_DEFAULT_PID.norm, max_norm, optx.max_norm):

@@ -208,8 +208,7 @@ def solve_lv_batch(
     The model is `solve_lv`'s at unit learning rate: `ts` are times of `lv`
     itself (no schedule, momentum or custom solver; use `solve_lv` for those).
     Called outside `jax.jit`, the checks run on the host and the compiled loop
-    holds no host callback, so it can be kept in JAX's persistent compilation
-    cache.
+    holds no host callback (it can be kept in JAX's persistent cache).
 
     **Gradients.** `jax.grad` (reverse mode) differentiates the solution with
     respect to the fields of `lv` and `m0` by the discrete adjoint of the loop:
@@ -217,13 +216,10 @@ def solve_lv_batch(
     are not part of the model), and each is run backwards through the VJP of its
     Rodas4 step and of the dense output of the outputs inside it. This is the
     derivative of the numerical solution, which converges to the true one with
-    the tolerance. The forward pass stores the state after every
-    `ceil(sqrt(max_steps))`-th accepted step and the steps of the first such
-    segment, and the backward pass re-runs each later segment from its
-    checkpoint: memory `O(sqrt(max_steps) p)` per member, and a solve that fits
-    in one segment is not re-run. On a 64-mode system a gradient costs about
-    three forward solves, against five for `jax.grad` through `solve_lv`
-    (`benchmarks/gradients.py`). Differentiating with respect to `ts`, `t0`,
+    the tolerance. Checkpoints every `ceil(sqrt(max_steps))` accepted steps keep
+    memory at `O(sqrt(max_steps) p)` per member; on a 64-mode system a gradient
+    costs about three forward solves, against five for `jax.grad` through
+    `solve_lv` (`benchmarks/gradients.py`). Differentiating with respect to `ts`, `t0`,
     `dt0` or the controller's tolerances raises a `ValueError`; forward mode
     (`jax.jvp`) is not supported: use `solve_lv` (with `diffrax.ForwardMode()`)
     for it.
@@ -251,13 +247,11 @@ def solve_lv_batch(
     - `throw`: raise if a member did not reach `ts[-1]` within `max_steps`.
       With `throw=False` such a member's `ys` and `loss` are NaN and its
       `result` is `diffrax.RESULTS.max_steps_reached`.
-    - `chunk_size`: how many members step together (default: all); the chunks
-      run one after another, each until its own last member is done. Smaller
-      chunks keep their state in the CPU's cache: for 256 members of 64 modes,
-      chunks of 64 ran 1.6x faster than the whole batch on a loaded machine,
-      but 1.2x slower on a quiet one. The results do not depend on it.
-    - `rtol`, `atol`: deprecated (a `DeprecationWarning`): the tolerances of
-      the default controller (`atol` alone: `rtol = atol / |log floor|`).
+    - `chunk_size`: how many members step together (default: all), chunk after
+      chunk (for 256 members of 64 modes, chunks of 64 ran 1.6x faster on a
+      loaded machine, 1.2x slower on a quiet one). The results do not depend
+      on it.
+    - `rtol`, `atol`: deprecated, the default controller's tolerances.
 
     **Returns:** a `Solution` with a leading batch axis on every field, as
     `jax.vmap(solve_lv)` returns it: `ts` `(n, T)`, `ys = m(ts)` `(n, T, p)`
@@ -282,19 +276,33 @@ def solve_lv_batch(
     pid, pending = _controller(stepsize_controller, rtol, atol, dtype)
     for bad, msg in pending:
         ts = error_if(ts, bad, msg)
+    start = _start(lv, axes, m0, t_start, dt0, pid)
+    y, loss, stats, ok = _solve_batch(
+        lv, axes, pid, start, ts, max_steps, min(chunk, n)
+    )
+    y, result = _result(y, ok, throw, max_steps)
+    return Solution(jnp.broadcast_to(ts, (n, ts.shape[0])), y, loss, stats, result)
+
+
+def _start(lv, axes, m0, t_start, dt0, pid: PIDConstants) -> StepState:
+    """Where every member starts: `t_start`, the first step `dt0` (default:
+    `first_step`'s per member, at most `pid.dtmax` as diffrax's), `log m0`."""
+    n, dtype = m0.shape[0], m0.dtype
     if dt0 is None:
         # the first step is a choice of the solver, held fixed under
         # differentiation as every other step
         dt0 = jax.lax.stop_gradient(_first_step(lv, axes, m0))
     dt0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
-    if pid.dtmax is not None:  # as diffrax, the first step too
+    if pid.dtmax is not None:
         dt0 = jnp.minimum(dt0, pid.dtmax)
-    start = StepState(
-        jnp.broadcast_to(t_start, (n,)), dt0, jnp.log(m0), jnp.zeros(n, jnp.int32)
-    )
-    y, loss, stats, ok = _solve_batch(
-        lv, axes, pid, start, ts, max_steps, min(chunk, n)
-    )
+    t_start = jnp.broadcast_to(t_start, (n,))
+    return StepState(t_start, dt0, jnp.log(m0), jnp.zeros(n, jnp.int32))
+
+
+def _result(y, ok, throw: bool, max_steps: int):
+    """`(y, result)`: with `throw`, raise (or, traced, fail at run time) naming
+    `max_steps` unless every member reached the end (`ok`); the
+    `diffrax.RESULTS` of each member."""
     if throw:
         if is_concrete(ok):
             if not np.all(np.asarray(ok)):
@@ -309,7 +317,7 @@ def solve_lv_batch(
             ok, diffrax.RESULTS.successful, diffrax.RESULTS.max_steps_reached
         )
     )(ok)
-    return Solution(jnp.broadcast_to(ts, (n, ts.shape[0])), y, loss, stats, result)
+    return y, result
 
 
 def _check_batch(lv: LotkaVolterra, m0) -> tuple[LotkaVolterra, object, tuple]:
