@@ -126,7 +126,8 @@ def make_batch_loss(B_diag, B_factor, eps, T):
     def F(thetas, atol):
         lv, m0 = jax.vmap(lambda th: _start(th, B_diag, B_factor, eps))(thetas)
         ts = jnp.full((1,), T, thetas.dtype)
-        m = nqfjax.solve_lv_batch(lv, m0, ts, rtol=0.0, atol=atol).ys[:, -1]
+        pid = diffrax.PIDController(rtol=0.0, atol=atol)
+        m = nqfjax.solve_lv_batch(lv, m0, ts, stepsize_controller=pid).ys[:, -1]
         return jax.vmap(_objective, in_axes=(0, 0, None))(m, thetas[:, 2:], B)
 
     return F

@@ -113,7 +113,8 @@ def nqfjax_fused(lv, ts):
     (m, num_steps)`."""
 
     def run(m0s, atol):
-        sol = solve_lv_batch(lv, m0s, ts, rtol=0.0, atol=atol)
+        pid = diffrax.PIDController(rtol=0.0, atol=atol)
+        sol = solve_lv_batch(lv, m0s, ts, stepsize_controller=pid)
         return sol.ys, sol.stats["num_steps"]
 
     return run

@@ -90,10 +90,11 @@ LAYERS = [
 #: Imports inside nqfjax of a private name (`_x`) of another nqfjax module. They
 #: were 83; shared helpers now have public names in private modules (`_linalg`,
 #: `_checks`, `analysis/_least_squares`, `plots/_common`, `structures/_blocks`,
-#: `theory/_psd_solvers`, `theory/_sharp_switch`). What is left is in the
-#: Lotka-Volterra engines and `tasks/lotka_volterra`. This is a ratchet: lower
-#: it when you remove one, never raise it.
-MAX_PRIVATE_IMPORTS = 7
+#: `theory/_psd_solvers`, `theory/_sharp_switch`, `engines/_lv_common`). What is
+#: left: the fused LV loop's `_combine` of `engines/_rosenbrock` and
+#: `tasks/lotka_volterra`'s checks from `tasks/interactions`. This is a ratchet:
+#: lower it when you remove one, never raise it.
+MAX_PRIVATE_IMPORTS = 3
 
 
 def _module_name(path: Path) -> str:

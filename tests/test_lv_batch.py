@@ -6,6 +6,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optimistix as optx
 import pytest
 from helpers import lv_interactions
 from scipy.integrate import solve_ivp
@@ -17,12 +18,24 @@ from nqfjax import (
     solve_lv,
     solve_lv_batch,
 )
-from nqfjax.engines import lv_batch
+from nqfjax.engines import _lv_batch_adjoint, _lv_batch_loop, _lv_common
+from nqfjax.engines._rosenbrock import RODAS4
 
 
 P = 5
 TS = np.geomspace(1e-2, 1e3, 30)
 ATOL = 1e-8  # on log m: the relative error of m per step
+
+
+def _pid(atol, rtol=None, dtype=jnp.float64):
+    """The controller of the default tolerances at `atol` on `log m` (`None`:
+    the dtype's default) and, unless given, `rtol = atol / |log floor|`, as
+    `solve_lv_batch` builds it."""
+    if atol is None:
+        atol = 1e-9 if dtype == jnp.float64 else 1e-5
+    if rtol is None:
+        rtol = atol / abs(np.log(np.finfo(dtype).tiny))
+    return diffrax.PIDController(rtol=rtol, atol=atol)
 
 
 def _interactions(p=P):
@@ -64,7 +77,7 @@ def structured():
     r, B, d, U = _interactions()
     lv = LotkaVolterra(jnp.asarray(r), B_diag=jnp.asarray(d), B_factor=jnp.asarray(U))
     m0 = _m0()
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL))
     alone = jax.vmap(lambda m: solve_lv(lv, m, TS, atol=ATOL))(jnp.asarray(m0))
     ref = np.stack([_scipy_log(r, B, m, TS) for m in m0])
     return lv, m0, sol, alone, ref
@@ -81,7 +94,7 @@ def batched_dense():
     decays = scales * (0.5 * np.min(r) + 0.5 * np.median(r))
     lv = jax.vmap(LotkaVolterra)(jnp.asarray(rs), jnp.asarray(Bs), jnp.asarray(decays))
     m0 = _m0(seed=1)
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL))
     ref = np.stack([_scipy_log(*a, TS, c) for *a, c in zip(rs, Bs, m0, decays)])
     return lv, m0, sol, ref
 
@@ -134,7 +147,7 @@ def test_member_does_not_depend_on_its_companions(structured):
     (each solved alone) it takes the same steps as in the whole batch and gives
     the same numbers up to the rounding of the batched products."""
     lv, m0, whole, _, _ = structured
-    alone = solve_lv_batch(lv, m0, TS, atol=ATOL, chunk_size=1)
+    alone = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), chunk_size=1)
     np.testing.assert_array_equal(alone.stats["num_steps"], whole.stats["num_steps"])
     np.testing.assert_allclose(alone.ys, whole.ys, rtol=1e-9)
 
@@ -147,7 +160,9 @@ def test_max_steps_is_reported_not_capped(batched_dense):
     lv, m0, full, _ = batched_dense
     steps = np.asarray(full.stats["num_steps"])
     limit = int(steps.min() + steps.max()) // 2
-    sol = solve_lv_batch(lv, m0, TS, atol=ATOL, max_steps=limit, throw=False)
+    sol = solve_lv_batch(
+        lv, m0, TS, stepsize_controller=_pid(ATOL), max_steps=limit, throw=False
+    )
     ran_out = steps > limit
     assert ran_out.any() and not ran_out.all()
     reported = np.asarray(sol.result == diffrax.RESULTS.max_steps_reached)
@@ -159,14 +174,14 @@ def test_max_steps_is_reported_not_capped(batched_dense):
     np.testing.assert_array_equal(np.asarray(sol.stats["num_steps"])[ran_out], limit)
     assert bool(jnp.all(jnp.any(sol.stats["moving"][ran_out], axis=-1)))
     with pytest.raises(RuntimeError, match="max_steps"):
-        solve_lv_batch(lv, m0, TS, atol=ATOL, max_steps=limit)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), max_steps=limit)
 
 
 def test_under_jit_equals_eager_and_checks_at_run_time(structured):
     """Traced `m0`, `ts` and `atol` give the eager numbers; a bad traced `m0`
     raises at run time with the eager message."""
     lv, m0, eager, _, _ = structured
-    f = jax.jit(lambda m, ts, a: solve_lv_batch(lv, m, ts, atol=a))
+    f = jax.jit(lambda m, ts, a: solve_lv_batch(lv, m, ts, stepsize_controller=_pid(a)))
     jitted = f(jnp.asarray(m0), jnp.asarray(TS), ATOL)
     np.testing.assert_allclose(jitted.ys, eager.ys, rtol=1e-12)
     np.testing.assert_array_equal(jitted.stats["num_steps"], eager.stats["num_steps"])
@@ -188,6 +203,107 @@ def test_float32(structured):
     assert _rel(sol.ys, ref) < 2e-4
 
 
+def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
+    """`rtol=`/`atol=` still work for one release, warning with the
+    replacement, and give the numbers of the controller they stand for (the
+    same steps, bit for bit); `atol` alone keeps `rtol = atol / |log floor|`."""
+    lv, m0, sol, _, _ = structured
+    match = r"stepsize_controller=diffrax.PIDController\(rtol=..., atol=...\)"
+    with pytest.warns(DeprecationWarning, match=match):
+        old = solve_lv_batch(lv, m0, TS, atol=ATOL)
+    np.testing.assert_array_equal(old.ys, sol.ys)
+    np.testing.assert_array_equal(old.stats["num_steps"], sol.stats["num_steps"])
+    with pytest.warns(DeprecationWarning, match=match):
+        old = solve_lv_batch(lv, m0, TS, rtol=0.0, atol=1e-7)
+    new = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(1e-7, 0.0))
+    np.testing.assert_array_equal(old.ys, new.ys)
+    with pytest.raises(ValueError, match="not also as `rtol`/`atol`"):
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), atol=ATOL)
+
+
+def test_controller_steps_as_diffrax_s():
+    """The loop's controller (`control`, with the constants read from a
+    `diffrax.PIDController` by `pid_constants`) against diffrax's own
+    `adapt_step_size` of the same controller in the max norm, on random
+    errors around the tolerance (accepted and rejected steps, a clip by
+    `dtmax`): the same decisions and next step sizes (to the rounding of
+    diffrax's `t1 - t0`, 1e-12)."""
+    pid = diffrax.PIDController(
+        rtol=1e-3,
+        atol=1e-6,
+        norm=optx.max_norm,
+        icoeff=0.7,
+        safety=0.8,
+        factormin=0.3,
+        factormax=4.0,
+        dtmax=0.5,
+    )
+    constants = _lv_common.pid_constants(pid, RODAS4.order, jnp.float64)
+    rng = np.random.default_rng(0)
+    n, p = 64, P
+    y0, y1 = rng.normal(size=(2, n, p))
+    err = 1e-3 * 10 ** rng.uniform(-3, 0.5, size=(n, p))
+    h = 10 ** rng.uniform(-3, 0, size=n)
+    active = jnp.ones(n, bool)
+    accept, dt = _lv_batch_loop.control(constants, y0, y1, err, h, active)
+    state = (jnp.asarray(1.0), jnp.asarray(1.0), False)
+    for i in range(n):
+        keep, t0, t1, _, _, _ = pid.adapt_step_size(
+            0.0, h[i], y0[i], y1[i], None, err[i], RODAS4.order, state
+        )
+        assert bool(keep) == bool(accept[i])
+        np.testing.assert_allclose(dt[i], t1 - t0, rtol=1e-12)
+    assert 0 < int(jnp.sum(accept)) < n and bool(jnp.any(dt == 0.5))
+
+
+@pytest.mark.slow  # 36 s; test_controller_steps_as_diffrax_s checks the same
+def test_controller_options_are_diffrax_s(structured):
+    """The options the fused loop reads from a `diffrax.PIDController`
+    (`icoeff`, `safety`, `factormin`, `factormax`, `dtmax`, the tolerances)
+    step as diffrax does with the same controller in `solve_lv`: the same step
+    counts, and the same numbers to rounding (1e-10, as with the defaults). With
+    the options changed the step counts differ from the defaults', so they
+    were read."""
+    lv, m0, default, _, _ = structured
+    pid = diffrax.PIDController(
+        rtol=1e-11,
+        atol=ATOL,
+        norm=optx.max_norm,
+        icoeff=0.7,
+        safety=0.8,
+        factormin=0.3,
+        factormax=4.0,
+        dtmax=20.0,
+    )
+    sol = solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
+    alone = jax.vmap(lambda m: solve_lv(lv, m, TS, stepsize_controller=pid))(
+        jnp.asarray(m0)
+    )
+    np.testing.assert_array_equal(sol.stats["num_steps"], alone.stats["num_steps"])
+    assert _rel(sol.ys, alone.ys) < 1e-10
+    assert np.all(sol.stats["num_steps"] != default.stats["num_steps"])
+
+
+def test_controller_options_the_loop_cannot_honour_are_named(structured):
+    lv, m0, _, _, _ = structured
+    for option in (
+        dict(pcoeff=0.3),
+        dict(dcoeff=0.1),
+        dict(dtmin=1e-6),
+        dict(norm=optx.two_norm),
+    ):
+        pid = diffrax.PIDController(rtol=0.0, atol=ATOL, **option)
+        with pytest.raises(ValueError, match=f"cannot honour `{next(iter(option))}`"):
+            solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
+    clip = diffrax.PIDController(rtol=0.0, atol=ATOL, step_ts=TS)
+    for controller in (clip, diffrax.ConstantStepSize()):
+        with pytest.raises(ValueError, match="must be a diffrax.PIDController"):
+            solve_lv_batch(lv, m0, TS, stepsize_controller=controller)
+    with pytest.raises(ValueError, match="dtmax"):
+        pid = diffrax.PIDController(rtol=0.0, atol=ATOL, dtmax=-1.0)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=pid)
+
+
 def test_bad_inputs_are_named(structured, batched_dense):
     lv, m0, _, _, _ = structured
     with pytest.raises(ValueError, match=r"`m0` must have shape \(n, p\)"):
@@ -204,7 +320,7 @@ def test_bad_inputs_are_named(structured, batched_dense):
     with pytest.raises(ValueError, match="m0"):
         solve_lv_batch(lv, -m0, TS)
     with pytest.raises(ValueError, match="atol"):
-        solve_lv_batch(lv, m0, TS, atol=-1.0)
+        solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(-1.0))
     with pytest.raises(ValueError, match="max_steps"):
         solve_lv_batch(lv, m0, TS, max_steps=0)
     with pytest.raises(ValueError, match="chunk_size"):
@@ -235,18 +351,23 @@ def test_structured_step_is_the_woodbury_rosenbrock_step(q, batched):
         )
     else:
         interactions = eqx.tree_at(lambda i: i.d, DiagonalInteractions(d_one), d)
-    system = (
-        jnp.asarray(rng.normal(size=(*lead, p))),
-        interactions,
-        jnp.asarray(rng.uniform(0.0, 0.1, size=lead)),
+    system = eqx.tree_at(  # the leaves of r, B and the decay, batched or not
+        lambda lv: (lv.r, lv.interactions, lv.decay),
+        LotkaVolterra(jnp.ones(p), DiagonalInteractions(jnp.ones(p))),
+        (
+            jnp.asarray(rng.normal(size=(*lead, p))),
+            interactions,
+            jnp.asarray(rng.uniform(0.0, 0.1, size=lead)),
+        ),
     )
-    axes = (ax,) * len(jax.tree.leaves(system))
+    # the loss's scale and offset are shared
+    axes = (ax,) * (len(jax.tree.leaves(system)) - 2) + (None, None)
     y0 = jnp.asarray(rng.normal(size=(n, p)) - 2.0)
     h = jnp.asarray(rng.uniform(0.01, 3.0, size=n))
     y_max = jnp.asarray(177.0)
-    fused = lv_batch._structured_step(system, y0, h, y_max, axes=axes)
-    in_axes = lv_batch._in_axes(system, axes)
-    member = jax.vmap(lv_batch._member_step, in_axes=(in_axes, 0, 0, None))
+    fused = _lv_batch_loop.structured_step(system, y0, h, y_max, axes=axes)
+    in_axes = _lv_batch_loop.in_axes(system, axes)
+    member = jax.vmap(_lv_batch_loop.member_step, in_axes=(in_axes, 0, 0, None))
     for a, b in zip(fused, member(system, y0, h, y_max)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
@@ -273,7 +394,9 @@ def _grad_loss(params, weights, atol, dtype=jnp.float64, **kw):
     dense output) and of the loss: `(value, solution)`."""
     r, d, U, log_m0 = (x.astype(dtype) for x in params)
     lv = LotkaVolterra(r, B_diag=d, B_factor=U)
-    sol = solve_lv_batch(lv, jnp.exp(log_m0), TS_GRAD, rtol=0.0, atol=atol, **kw)
+    sol = solve_lv_batch(
+        lv, jnp.exp(log_m0), TS_GRAD, stepsize_controller=_pid(atol, 0.0, dtype), **kw
+    )
     value = jnp.sum(weights * jnp.log(sol.ys)) + jnp.sum(sol.loss) / 10
     return value, sol
 
@@ -311,8 +434,11 @@ def test_gradient_refuses_the_times_and_tolerances():
         def f(x):
             args = dict(ts=jnp.asarray(TS_GRAD), atol=1e-8, dt0=1e-3)
             args.update({k: v(x) for k, v in kw.items()})
-            ts = args.pop("ts")
-            return jnp.sum(solve_lv_batch(lv, m0, ts, **args).ys)
+            ts, atol = args.pop("ts"), args.pop("atol")
+            pid = diffrax.PIDController(rtol=0.0, atol=atol)
+            return jnp.sum(
+                solve_lv_batch(lv, m0, ts, stepsize_controller=pid, **args).ys
+            )
 
         return jax.grad(f)
 
@@ -344,7 +470,7 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     w = jnp.asarray(np.random.default_rng(4).normal(size=(len(m0), P)))
 
     def batch(lv, m0):
-        sol = solve_lv_batch(lv, m0, ts, atol=ATOL)
+        sol = solve_lv_batch(lv, m0, ts, stepsize_controller=_pid(ATOL))
         return jnp.sum(w * jnp.log(sol.ys[:, -1])) + jnp.sum(sol.loss[:, -1])
 
     in_axes = 0 if system == "batched_dense" else None
@@ -379,7 +505,9 @@ def test_gradient_with_recomputed_segments_and_float32():
     f = lambda p, **kw: _grad_loss(p, weights, 1e-8, **kw)
     (_, sol), g = jax.value_and_grad(f, has_aux=True)(params)
     steps = int(jnp.max(sol.stats["num_steps"]))
-    assert lv_batch._segment(steps + 10) < int(jnp.min(sol.stats["num_accepted_steps"]))
+    assert _lv_batch_adjoint.segment_length(steps + 10) < int(
+        jnp.min(sol.stats["num_accepted_steps"])
+    )
     g_seg = jax.grad(lambda p: f(p, max_steps=steps + 10)[0])(params)
     # chunks of one member, each its own loop (and its own backward pass): the
     # same steps, the batched products rounded differently (as the solution)

@@ -226,7 +226,9 @@ def _solve_lv_batch(dtype):
     lv, ts = _lv_system(dtype), _arr(_TS, dtype)
 
     def fn(m0):
-        return nqfjax.solve_lv_batch(lv, m0, ts, **_tol(dtype)).loss
+        tol = _tol(dtype)
+        pid = diffrax.PIDController(**tol) if tol else None
+        return nqfjax.solve_lv_batch(lv, m0, ts, stepsize_controller=pid).loss
 
     m0 = _arr([[1e-2, 2e-2, 3e-2], [3e-2, 2e-2, 1e-2]], dtype)
     return fn, m0, 0.5 * m0

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_shape, error_if, is_concrete, positive, renamed_keywords
+from .._checks import check_shape, is_concrete, renamed_keywords
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._integrate import (
@@ -25,14 +25,16 @@ from ._integrate import (
     integrate,
     step_size_controller,
 )
+from ._lv_common import (
+    check_m0 as _check_m0,
+    default_tolerances as _default_tolerances,
+    first_step,
+    max_norm as _max_norm,
+    modes,
+    moving,
+    rates as _rates,
+)
 from ._rosenbrock import LVRosenbrock, exponent_clip
-
-
-def _rates(y, args):
-    """`d log m / dt` at `y = log m`."""
-    r, interactions, decay, y_max = args
-    m = jnp.exp(jnp.minimum(y, y_max))
-    return r - interactions.mv(m) - decay
 
 
 def _log_field(t, y, args):
@@ -41,48 +43,6 @@ def _log_field(t, y, args):
 
 
 _LOG_TERM = diffrax.ODETerm(_log_field)
-
-
-def _log_floor(dtype) -> float:
-    """The log of the smallest normal number of `dtype` (-87.3 in float32, -708.4
-    in float64): below it a mode is reported as off."""
-    return float(np.log(np.finfo(np.dtype(dtype)).tiny))
-
-
-def _default_tolerances(dtype, atol=None) -> tuple[float, float]:
-    """`(rtol, atol)` on `y = log m`. `atol` is a relative error of `m` for large
-    and tiny modes alike; `rtol = atol / |log floor|` keeps the control of every
-    mode above the floor within a factor 2 of `atol`, and lets a mode that dies
-    (its log falling linearly below the floor) take steps that grow with its
-    depth: with `rtol = 0` its roundoff, `eps |d log m|` per step, would cap the
-    steps at `atol / eps` in log units (84 in float32) to the end of `ts`."""
-    if atol is None:
-        # float32: measured 3e-5..4e-5 relative error of m from m0 = 1e-30
-        atol = 1e-9 if jnp.dtype(dtype) == jnp.float64 else 1e-5
-    return atol / abs(_log_floor(dtype)), atol
-
-
-def _max_norm(x):
-    return jnp.max(jnp.abs(x))
-
-
-def _check_m0(m0, dtype):
-    """`m0` in `dtype`: positive, finite and not below the smallest normal number
-    of `dtype` (checked before the cast, which would flush it to zero)."""
-    m0 = positive("m0", m0)
-    tiny = float(jnp.finfo(dtype).tiny)
-    msg = (
-        f"`m0` must be >= {tiny:.4g}, the smallest normal {jnp.dtype(dtype).name} "
-        "number: below it a value is flushed to zero, and `solve_lv` reports a "
-        "mode there as off. Start the modes higher, or use float64 (smallest "
-        "normal ~2.2e-308)."
-    )
-    if is_concrete(m0):
-        low = np.min(np.asarray(m0, np.float64), initial=np.inf)
-        if low < tiny:
-            raise ValueError(msg + f" Got min(m0) = {low:.4g}.")
-        return m0.astype(dtype)
-    return error_if(m0, jnp.any(m0 < tiny), msg).astype(dtype)
 
 
 def solve_lv(
@@ -195,10 +155,7 @@ def solve_lv(
     if solver is None:
         solver = LVRosenbrock(lv.interactions)
     if dt0 is None:
-        # max |B_kl| is the largest diagonal entry: B is PSD
-        B_max = jnp.max(lv.interactions.diagonal())
-        scale = jnp.max(jnp.abs(lv.r)) + B_max * jnp.max(m0)
-        dt0 = 1e-2 / jnp.maximum(scale, jnp.finfo(dtype).tiny)
+        dt0 = first_step(lv.r, lv.interactions, m0)
     y_max = jnp.asarray(exponent_clip(dtype), dtype)
     args = (lv.r, lv.interactions, lv.decay, y_max)
     y, (s_stop, y_stop), stats, result = integrate(
@@ -219,13 +176,8 @@ def solve_lv(
         "`throw=False` the Solution's `stats['moving']` marks them. Increase "
         "`max_steps`, or loosen `atol`.",
     )
-    # moving: not dying below the floor, and the log would still change by more
-    # than 1 before the last time at its rate when the solver stopped
-    y_min = _log_floor(dtype)
-    rate = _rates(y_stop, args)
-    dying = (y_stop <= y_min) & (rate < 0)
-    stats["moving"] = ~dying & (jnp.abs(rate) * (times[-1] - s_stop) > 1)
-    m = jnp.where(y <= y_min, jnp.zeros_like(y), jnp.exp(y))
+    stats["moving"] = moving(y_stop, _rates(y_stop, args), times[-1] - s_stop)
+    m = modes(y)
     return Solution(ts, m, lv.loss(m), stats, result)
 
 
