@@ -83,13 +83,18 @@ class QuadraticForm(AbstractModel):
     r"""The layer's quadratic form:
     $f_j(x; W) = f_j(x; 0) + \mathrm{Tr}[W W^\top A_j(x)]$.
 
-    $f_0(x) = f(x; 0)$ is the layer at zero weights; $g$ goes through the
+    $f_0(x) = f(x; 0)$ is the layer at zero weights (its `max_units` at most,
+    so the form may have more units than the layer); $g$ goes through the
     structure's batch contraction (`structure.contract`, a closed form where
     the structure has one: no `A(x)` is built). Its squared loss is exactly
     `task_from_samples(structure, xs, ys).loss(W W^T)`. Any number of units.
     """
 
     def offset(self, structure, xs, width):
+        # the layer at zero weights, with at most the units the layer holds (a
+        # mixture of experts' form may have more units than experts)
+        cap = structure.max_units
+        width = width if cap is None else min(width, cap)
         zero = jnp.zeros((structure.p, width), xs.dtype)
         return jax.vmap(structure.layer, in_axes=(None, 0))(zero, xs)
 
