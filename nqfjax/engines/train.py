@@ -94,7 +94,8 @@ def train(
     `batch_size=None` (default) or `n` is full batch. The recorded loss is
     always the full-data loss.
 
-    **Recording.** The loop is one `jax.lax.scan` over the steps; at the
+    **Recording.** `train` is one segment of the one training loop
+    (`train_segments`), a `jax.lax.scan` over the steps; at the
     recorded steps (log-spaced by default, or `record_at`) a `lax.cond` whose
     predicate depends only on the step, so it stays a branch under `vmap`,
     stores the full-data loss and `M = W W^T` (or its diagonal in `basis`).
