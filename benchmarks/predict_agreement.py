@@ -9,7 +9,7 @@ prediction's steps. `nqfjax.agreement` then compares the first three switch-on
 times (the same threshold, half the predicted plateau of each mode, crossed by
 the trained network's matching eigenvalue of `M`) and the largest
 `|ln L_trained - ln L_predicted|` up to the third switch-on. The same network's
-quadratic model (`train(..., model="quadratic")`: `f(x; 0) + Tr[W W^T A(x)]`,
+quadratic model (`train(..., model=nqfjax.QuadraticForm())`: `f(x; 0) + Tr[W W^T A(x)]`,
 trained by the same GD steps) separates the engine's error (the flow against
 GD on the quadratic form: only the discretisation, a lag of about `r/2 = 0.5%`)
 from the real layer's departure from its quadratic form (the cubic term of
@@ -147,7 +147,7 @@ def one_case(name: str, sigma: float, quick: bool) -> dict:
         ys,
         num_steps=num_steps,
         record_at=record,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         **common,
     )
     agree = nqfjax.agreement(flow, trained)

@@ -11,7 +11,7 @@ docs/theory/lotka-volterra.md) with a linear teacher `y = T x` of singular value
 basis and the LV reduction of the flow is exact from the first step. Float32
 throughout; the loss is recorded at 60 log-spaced steps.
 
-- W-space: `nqfjax.train(Perceptron(d, k), xs, ys, model="layer", ...)`, the
+- W-space: `nqfjax.train(Perceptron(d, k), xs, ys, model=Layer(), ...)`, the
   real nonlinear layer.
 - M-space: `solve_mflow(task, M0, ts, eta, solver=diffrax.Tsit5())` with
   `task = task_from_samples(Perceptron, xs, ys)` (the default implicit solver

@@ -54,9 +54,11 @@ from .engines.sgd_moments import (
     sgd_moments as sgd_moments,
 )
 from .engines.train import (
+    Segment as Segment,
     TrainResult as TrainResult,
     log_spaced_steps as log_spaced_steps,
     train as train,
+    train_segments as train_segments,
 )
 from .experiments.compare import (
     MethodReport as MethodReport,
@@ -117,6 +119,11 @@ from .structures.apply import nqf_apply as nqf_apply
 from .structures.autodiff import (
     AutodiffStructureMatrix as AutodiffStructureMatrix,
     structure_from_layer as structure_from_layer,
+)
+from .structures.models import (
+    AbstractModel as AbstractModel,
+    Layer as Layer,
+    QuadraticForm as QuadraticForm,
 )
 from .structures.registry import (
     make_structure as make_structure,

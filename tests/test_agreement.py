@@ -60,7 +60,7 @@ def quadratic():
 def _gd_richardson(structure, xs, ys, W0):
     """Loss of full-batch GD on the quadratic form at t = RECORD, with its O(eta)
     discretisation error extrapolated away."""
-    kw = dict(model="quadratic", W0=W0, snapshots=False)
+    kw = dict(model=nqfjax.QuadraticForm(), W0=W0, snapshots=False)
     coarse = nqfjax.train(
         structure, xs, ys, num_steps=N_STEPS, learning_rate=ETA, record_at=RECORD, **kw
     )
@@ -255,7 +255,7 @@ def test_unaligned_init_gap_shrinks_with_scale(perceptron):
             learning_rate=PERCEPTRON_ETA,
             W0=Z,
             init_scale=s,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             record_at=record,
             snapshots=False,
         )

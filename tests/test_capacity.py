@@ -157,7 +157,7 @@ def test_matches_long_training(sampled):
             learning_rate=eta,
             W0=W0,
             weight_decay=lam,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             record_at=(steps,),
         )
         return res.M[-1]
@@ -280,7 +280,7 @@ def test_excess_matches_training(sampled):
             num_steps=steps,
             learning_rate=eta,
             W0=W0,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             record_at=(steps,),
         ).loss[-1]
 

@@ -101,7 +101,7 @@ def test_schedule_mflow_matches_w_space(whitened):
     smooth = lambda j: sched(j / 2) / 2
     W0 = 1e-3 * np.random.default_rng(1).normal(size=(structure.p, 6))
     record = RECORD
-    kw = dict(model="quadratic", W0=W0, snapshots=False)
+    kw = dict(model=nqfjax.QuadraticForm(), W0=W0, snapshots=False)
     coarse = np.asarray(
         nqfjax.train(
             structure,
@@ -188,17 +188,14 @@ def test_batch_schedule_segments_equal_one_run(whitened):
     sched = optax.exponential_decay(0.05, 100, 0.5)
     W0 = 1e-2 * np.random.default_rng(2).normal(size=(structure.p, 4))
     record = [0, 3, 50, 99, 100, 101, 150, 200]
-    one = nqfjax.train_method(
-        nqfjax.Method(sched), structure, xs, ys, num_steps=200, W0=W0, record_at=record
-    )
+    kw = dict(num_steps=200, W0=W0, record_at=record, model=nqfjax.QuadraticForm())
+    one = nqfjax.train_method(nqfjax.Method(sched), structure, xs, ys, **kw)
     seg = nqfjax.train_method(
         nqfjax.Method(sched, batch_size=((0, N_SAMPLES), (100, N_SAMPLES))),
         structure,
         xs,
         ys,
-        num_steps=200,
-        W0=W0,
-        record_at=record,
+        **kw,
     )
     np.testing.assert_array_equal(seg.steps, record)
     np.testing.assert_allclose(seg.loss, one.loss, rtol=1e-12)
@@ -228,6 +225,7 @@ def reports(whitened):
         num_steps=n_steps,
         W0=W0,
         seeds=16,
+        model=nqfjax.QuadraticForm(),  # the form, whose gradient flow is the LV
         record_at=np.linspace(0, n_steps, 351).astype(int),
         reference=nqfjax.LVEngine(),
     ), lv_unit
@@ -389,7 +387,7 @@ def test_method_optimizers_are_optax_objects(whitened):
     momentum."""
     structure, xs, ys, task, lv_unit, basis = whitened
     W0 = 1e-2 * np.random.default_rng(3).normal(size=(structure.p, 4))
-    kw = dict(num_steps=50, W0=W0, record_at=[0, 10, 50])
+    kw = dict(num_steps=50, W0=W0, record_at=[0, 10, 50], model=nqfjax.QuadraticForm())
     lr, mu = 0.05, 0.9
     methods = {
         "momentum": nqfjax.Method(lr, momentum=mu),

@@ -117,7 +117,7 @@ def runs():
             key=jax.random.key(1),
             init_scale=SIGMA,
             width=WIDTH,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             record_at=RECORD,
         )
         out[signal] = (structure, xs, ys, res)

@@ -177,8 +177,8 @@ _SHARDED = textwrap.dedent(
         return nqfjax.solve_lv_batch(lv, m0, ts).loss
 
     engines = {
-        "train": train("layer", None),
-        "train_adam_quadratic": train("quadratic", optax.adam),
+        "train": train(nqfjax.Layer(), None),
+        "train_adam_quadratic": train(nqfjax.QuadraticForm(), optax.adam),
         "solve_lv": lambda log_sigma: nqfjax.solve_lv(
             lv, jnp.exp(2 * log_sigma) * jnp.arange(1.0, 4.0), ts).loss,
         "solve_lv_batch": lv_batch,

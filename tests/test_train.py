@@ -91,7 +91,7 @@ def test_gd_quadratic_form_matches_numpy(structure, getkey):
         learning_rate=eta,
         W0=W0,
         weight_decay=lam,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         num_records=10,
     )
     A, ysn = _np_A(structure, xs), np.asarray(ys)
@@ -115,7 +115,7 @@ def test_gd_quadratic_form_matches_numpy(structure, getkey):
         learning_rate=eta,
         W0=W0.astype(jnp.float32),
         weight_decay=lam,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         num_records=10,
     )
     assert res32.loss.dtype == jnp.float32 and res32.M.dtype == jnp.float32
@@ -177,7 +177,7 @@ def test_layer_offset_is_an_offset_of_the_target(getkey):
     kw = dict(num_steps=30, learning_rate=0.05, W0=W0, num_records=6)
     offset = 3.0 + jnp.sum(xs, axis=1, keepdims=True)
     b = nqfjax.train(base, xs, ys, **kw)
-    for model in ("layer", "quadratic"):
+    for model in (nqfjax.Layer(), nqfjax.QuadraticForm()):
         a = nqfjax.train(Shifted(base), xs, ys + offset, model=model, **kw)
         # the offset cancels exactly; round-off of adding 3 + sum x
         np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
@@ -188,7 +188,9 @@ def test_layer_offset_is_an_offset_of_the_target(getkey):
 # weight decay, schedules, momentum
 
 
-@pytest.mark.parametrize("model", ["layer", "quadratic"])
+@pytest.mark.parametrize(
+    "model", [nqfjax.Layer(), nqfjax.QuadraticForm()], ids=["layer", "quadratic"]
+)
 def test_weight_decay_closed_form(model, getkey):
     """With zero inputs the data gradient vanishes, and GD on
     (lam/2)|W|^2 gives W_s = (1 - eta lam)^s W_0, M_s = (1 - eta lam)^{2s} M_0:
@@ -213,6 +215,21 @@ def test_weight_decay_closed_form(model, getkey):
     factor = (1 - eta * lam) ** (2.0 * np.asarray(res.steps))
     M0 = np.asarray(W0 @ W0.T)
     np.testing.assert_allclose(res.M, factor[:, None, None] * M0, rtol=1e-12)
+    # the deprecated words give the same numbers (the same compiled program)
+    word = {"Layer": "layer", "QuadraticForm": "quadratic"}[type(model).__name__]
+    with pytest.warns(DeprecationWarning, match=f"nqfjax.{type(model).__name__}"):
+        old = nqfjax.train(
+            structure,
+            xs,
+            ys,
+            num_steps=40,
+            learning_rate=eta,
+            W0=W0,
+            weight_decay=lam,
+            model=word,
+            num_records=8,
+        )
+    np.testing.assert_array_equal(old.M, res.M)
     np.testing.assert_allclose(res.W, (1 - eta * lam) ** 40 * W0, rtol=1e-12)
     # the recorded loss is the data loss, without the penalty: (1/2)|y|^2 = 1
     np.testing.assert_allclose(res.loss, 1.0, rtol=1e-14)
@@ -233,7 +250,7 @@ def test_schedule_and_momentum_match_numpy(getkey):
         num_steps=steps,
         learning_rate=schedule,
         W0=W0,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         record_at=range(0, steps + 1, 5),
     )
     A, ysn = _np_A(structure, xs), np.asarray(ys)
@@ -258,7 +275,7 @@ def test_schedule_and_momentum_match_numpy(getkey):
         learning_rate=eta,
         optimizer=lambda lr: optax.sgd(lr, momentum=mu),
         W0=W0,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         record_at=[steps],
     )
     W, v = np.array(W0), np.zeros_like(W0)
@@ -325,7 +342,7 @@ def test_grad_through_training(getkey):
             learning_rate=eta,
             W0=Z,
             init_scale=sigma,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             record_at=[50],
         )
         return res.loss[-1]
@@ -392,7 +409,7 @@ def test_minibatch_uses_the_key(getkey):
             W0=W0,
             key=key,
             batch_size=b,
-            model="quadratic",
+            model=nqfjax.QuadraticForm(),
             num_records=10,
             snapshots=False,
         )
@@ -410,7 +427,7 @@ def test_minibatch_uses_the_key(getkey):
         num_steps=100,
         learning_rate=0.05,
         W0=W0,
-        model="quadratic",
+        model=nqfjax.QuadraticForm(),
         num_records=10,
         snapshots=False,
     ).loss
@@ -436,7 +453,11 @@ def test_sgd_follows_gd_in_expectation():
     W0 = jnp.asarray(1e-2 * rng.normal(size=(3, 3)))
     n, eta, steps, seeds = 64, 0.008, 1250, 128
     kw = dict(
-        num_steps=steps, learning_rate=eta, W0=W0, model="quadratic", num_records=30
+        num_steps=steps,
+        learning_rate=eta,
+        W0=W0,
+        model=nqfjax.QuadraticForm(),
+        num_records=30,
     )
     gd = nqfjax.train(structure, xs, ys, **kw)
     gd_loss, gd_M = np.asarray(gd.loss)[1:], np.asarray(gd.M)[1:]
@@ -503,7 +524,9 @@ def test_adam_departs_from_the_m_flow():
     structure, xs, ys = _two_mode_data()
     W0 = 1e-3 * jnp.eye(2, 3)  # one unit per mode, a third unit at zero
     rot = jnp.asarray(np.linalg.qr(np.random.default_rng(1).normal(size=(3, 3)))[0])
-    kw = dict(num_steps=3000, model="quadratic", record_at=range(0, 3001, 10))
+    kw = dict(
+        num_steps=3000, model=nqfjax.QuadraticForm(), record_at=range(0, 3001, 10)
+    )
 
     def switch_times(res):
         diag = np.asarray(jnp.diagonal(res.M, axis1=1, axis2=2))
@@ -576,7 +599,7 @@ def test_loss_conventions_on_softmax_attention(attention_data):
     W0 = 0.05 * jr.normal(jr.key(1), (structure.p, 3))
     kw = dict(num_steps=40, learning_rate=0.5, W0=W0, record_at=[0, 10, 40])
 
-    # model="layer": (1/2n) sum |f(x; W) - y|^2 with the real layer, offset kept
+    # model=nqfjax.Layer(): (1/2n) sum |f(x; W) - y|^2 with the real layer, offset kept
     res = nqfjax.train(structure, xs, ys, **kw)
 
     def layer_output(W):
@@ -593,9 +616,9 @@ def test_loss_conventions_on_softmax_attention(attention_data):
     old = 0.5 * np.mean(np.sum((f0 - np.asarray(offsets) - np.asarray(ys)) ** 2, -1))
     assert old > 10 * float(res.loss[0])
 
-    # model="quadratic": f(x; 0) + Tr[W W^T A(x)], which is Task.loss(W W^T)
+    # model=nqfjax.QuadraticForm(): f(x; 0) + Tr[W W^T A(x)], which is Task.loss(W W^T)
     task = nqfjax.task_from_samples(structure, xs, ys)
-    quad = nqfjax.train(structure, xs, ys, model="quadratic", **kw)
+    quad = nqfjax.train(structure, xs, ys, model=nqfjax.QuadraticForm(), **kw)
     for i in range(3):
         explicit = _explicit_quadratic_loss(structure, xs, ys, offsets, quad.M[i])
         np.testing.assert_allclose(quad.loss[i], explicit, rtol=1e-12)

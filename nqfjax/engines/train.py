@@ -1,14 +1,13 @@
-"""W-space training: the real layer or its quadratic form, with any optax optimizer."""
+"""W-space training: the real layer or its quadratic form, with any optax
+optimizer, as one run (`train`) or as segments of steps (`train_segments`)."""
 
 from collections.abc import Callable, Sequence
 
-import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .._checks import (
     check_key,
@@ -20,59 +19,11 @@ from .._checks import (
     static_int,
 )
 from ..structures.base import AbstractStructure
+from ..structures.models import AbstractModel, Layer, as_model
+from ._train_loop import Segment, TrainResult, run_segments
 
 
-_MODELS = ("layer", "quadratic")
-
-
-class TrainResult(eqx.Module):
-    r"""What `nqfjax.train` returns: the loss curve and snapshots of `M = W W^T`.
-
-    Time counts optimizer steps (one full-batch GD step of learning rate
-    `learning_rate` is `dt = 1` of the flow
-    $\dot W = -\eta(2 G W + \lambda W)$ with $\eta$ the learning rate), so `ts`
-    can be passed straight to `solve_mflow(..., learning_rate)` or `solve_lv`.
-
-    **Attributes:**
-
-    - `steps`: the recorded steps, shape `(R,)`, integers from 0 to `num_steps`;
-      the state at step `s` is the one after `s` updates.
-    - `loss`: the full-data squared loss of the trained model at those steps,
-      shape `(R,)`: for `model="layer"`
-      $\tfrac1{2n} \sum_s \sum_j (f_j(x_s; W) - y_{s,j})^2$ with
-      `f(x; W) = structure.layer(W, x)` the real layer (its value at zero,
-      `f(x; 0)`, included: nothing is subtracted); for `model="quadratic"` the
-      same with the quadratic model
-      $f_j(x; W) = f_j(x; 0) + \mathrm{Tr}[W W^\top A_j(x)]$, which is exactly
-      `task_from_samples(structure, xs, ys).loss(W W^T)`. Without the
-      weight-decay penalty; NaN or inf once training diverged.
-    - `M`: `W W^T` at those steps, shape `(R, p, p)`, or `None` when a `basis` was
-      given or `snapshots=False`.
-    - `m`: the diagonal of `basis^T W W^T basis` at those steps, shape `(R, q)`,
-      or `None` when no `basis` was given.
-    - `W`: the final weights, shape `(p, m)`.
-    - `diverged`: whether the run diverged (a boolean scalar): the full-data
-      loss above became non-finite, or exceeded `divergence_factor` times the
-      larger of its initial value and its value at zero weights (see `train`).
-    - `diverged_at`: the first step at which that was detected (an int scalar),
-      -1 when the run did not diverge.
-
-    Under `jax.vmap` every field gains the mapped axis (`diverged` becomes one
-    flag per run).
-    """
-
-    steps: Int[Array, " R"]
-    loss: Float[Array, " R"]
-    M: Float[Array, "R p p"] | None
-    m: Float[Array, "R q"] | None
-    W: Float[Array, "p m"]
-    diverged: Bool[Array, ""]
-    diverged_at: Int[Array, ""]
-
-    @property
-    def ts(self) -> Float[Array, " R"]:
-        """The recorded steps as flow times (`t = step`), in the loss's dtype."""
-        return self.steps.astype(self.loss.dtype)
+__all__ = ["Segment", "TrainResult", "log_spaced_steps", "train", "train_segments"]
 
 
 def log_spaced_steps(num_steps: int, num_records: int) -> tuple[int, ...]:
@@ -101,7 +52,7 @@ def train(
     W0: Float[ArrayLike, "p m"] | None = None,
     weight_decay: Float[ArrayLike, ""] = 0.0,
     batch_size: int | None = None,
-    model: str = "layer",
+    model: AbstractModel = Layer(),
     num_records: int = 50,
     record_at: Sequence[int] | None = None,
     basis: Float[ArrayLike, "p q"] | None = None,
@@ -115,9 +66,10 @@ def train(
     $$\mathcal L(W) = \frac{1}{2 b} \sum_{s \in \text{batch}} \sum_j
       \big(f_j(x_s; W) - y_{s,j}\big)^2 + \frac{\lambda}{2} |W|^2,$$
 
-    where `f` is either the real layer `structure.layer` (`model="layer"`) or its
-    quadratic model $f(x; 0) + \mathrm{Tr}[W W^\top A(x)]$ (`model="quadratic"`,
-    `nqf_apply` plus the layer's value at zero).
+    where `f` is the model's prediction: the real layer `structure.layer`
+    (`model=Layer()`, the default) or its quadratic model
+    $f(x; 0) + \mathrm{Tr}[W W^\top A(x)]$ (`model=QuadraticForm()`, `nqf_apply`
+    plus the layer's value at zero).
     Plain gradient descent (the default, `optax.sgd(learning_rate)`) takes steps
     $W \leftarrow W - \eta (2 G W + \lambda W)$ with $G = \partial L / \partial M$
     and $\eta$ the learning rate: the Euler discretisation with `dt = 1` of the
@@ -129,8 +81,8 @@ def train(
     **The offset.** The layer's value at zero weights, `f(x; 0)` (for example the
     mean value under a uniform softmax), is an offset of the target: the units
     learn `y - f(x; 0)`, exactly as in `task_from_samples(structure, xs, ys)`,
-    whose `loss(W W^T)` is the recorded loss of `model="quadratic"` and, to
-    leading order in `W`, of `model="layer"`. The recorded loss itself always
+    whose `loss(W W^T)` is the recorded loss of `QuadraticForm()` and, to
+    leading order in `W`, of `Layer()`. The recorded loss itself always
     compares the model's full output, offset included, with `y` (see
     `TrainResult.loss`). The offset is zero for perceptrons, quadratic networks
     and the other additive layers.
@@ -142,7 +94,8 @@ def train(
     `batch_size=None` (default) or `n` is full batch. The recorded loss is
     always the full-data loss.
 
-    **Recording.** The loop is one `jax.lax.scan` over the steps; at the
+    **Recording.** `train` is one segment of the one training loop
+    (`train_segments`), a `jax.lax.scan` over the steps; at the
     recorded steps (log-spaced by default, or `record_at`) a `lax.cond` whose
     predicate depends only on the step, so it stays a branch under `vmap`,
     stores the full-data loss and `M = W W^T` (or its diagonal in `basis`).
@@ -194,8 +147,10 @@ def train(
     - `W0`: initial weights (direction), shape `(p, m)`.
     - `weight_decay`: `lambda >= 0` (default 0).
     - `batch_size`: minibatch size `b` in `1..n` (static), `None` for full batch.
-    - `model`: `"layer"` (the real nonlinear layer) or `"quadratic"` (its
-      quadratic form `Tr[W W^T A(x)]`).
+    - `model`: an `AbstractModel`: `Layer()` (default: the real nonlinear
+      layer) or `QuadraticForm()` (its quadratic form, `f(x; 0) +
+      Tr[W W^T A(x)]`). The words `"layer"` and `"quadratic"` are accepted for
+      one release, with a `DeprecationWarning`.
     - `num_records`: about how many log-spaced steps to record (default 50;
       steps 0 and `num_steps` always included).
     - `record_at`: the exact steps to record instead (increasing ints in
@@ -215,14 +170,73 @@ def train(
     the data or `W0`, a `ValueError` when the values are concrete and an
     `eqx.error_if` runtime error under `jit`/`vmap`.
     """
-    # Long only for its docstring (the contract); the code is checks and one call.
+    # Long only for its docstring (the contract); the code is one call.
+    segment = Segment(num_steps, learning_rate, weight_decay, batch_size)
+    return train_segments(
+        structure,
+        xs,
+        ys,
+        [segment],
+        optimizer=optimizer,
+        key=key,
+        init_scale=init_scale,
+        width=width,
+        W0=W0,
+        model=as_model(model),
+        num_records=num_records,
+        record_at=record_at,
+        basis=basis,
+        snapshots=snapshots,
+        divergence_factor=divergence_factor,
+    )
+
+
+def train_segments(
+    structure: AbstractStructure,
+    xs: Float[ArrayLike, "n ..."],
+    ys: Float[ArrayLike, "n k"],
+    segments: Sequence[Segment],
+    *,
+    optimizer: optax.GradientTransformation | Callable | None = None,
+    key: PRNGKeyArray | None = None,
+    init_scale: Float[ArrayLike, ""] | None = None,
+    width: int | None = None,
+    W0: Float[ArrayLike, "p m"] | None = None,
+    model: AbstractModel = Layer(),
+    num_records: int = 50,
+    record_at: Sequence[int] | None = None,
+    basis: Float[ArrayLike, "p q"] | None = None,
+    snapshots: bool = True,
+    divergence_factor: float = 1e4,
+) -> TrainResult:
+    r"""Train `W` through `segments`, one after the other: the one training loop
+    of `train` (one segment), `train_method` and `train_schedule`.
+
+    Segment `i` runs the global steps `[s_i, s_i + num_steps_i)`
+    ($s_i$ the sum of the earlier segments' steps) with its own learning rate
+    (a schedule is evaluated at the global step), weight decay, batch size and
+    minibatch stream (see `Segment`), from the weights the previous one ended
+    with; the optimizer (`optimizer`, as in `train`, built anew with each
+    segment's learning rate) restarts its state at each boundary -- exactly
+    right for plain SGD, a fresh start for momentum or Adam. All segments run in
+    one compiled program, recorded at global steps into one `TrainResult`;
+    the divergence reference is the loss at the start of the run.
+
+    **Arguments:** `segments`, a non-empty sequence of `Segment`s; the others
+    as in `train` (`num_records` and `record_at` count global steps up to the
+    total). `train(..., num_steps=N, learning_rate=eta, weight_decay=lam,
+    batch_size=b)` is `train_segments(..., [Segment(N, eta, lam, b)])`.
+
+    **Returns:** a `TrainResult`.
+
+    **Raises:** as `train`; a segment's argument is named `segments[i].NAME`
+    when there are several.
+    """
     if not isinstance(structure, AbstractStructure):
         raise ValueError(
             f"`structure` must be an nqfjax.AbstractStructure, got {structure!r}."
         )
-    if model not in _MODELS:
-        raise ValueError(f"`model` must be one of {_MODELS}, got {model!r}.")
-    num_steps = static_int("num_steps", num_steps, 1)
+    model = as_model(model)
     factor = float(divergence_factor)
     if not (np.isfinite(factor) and factor > 1):
         raise ValueError(
@@ -232,17 +246,13 @@ def train(
     if key is not None:
         key = check_key(key)
     xs, ys, dtype = _check_data(structure, xs, ys, W0)
-    n = xs.shape[0]
     W0, width, init_scale = _check_init(
         structure, model, W0, width, init_scale, key, dtype
     )
-    learning_rate = _check_optimizer(optimizer, learning_rate, dtype)
-    weight_decay = jnp.asarray(weight_decay)
-    check_shape("weight_decay", weight_decay, ())
-    weight_decay = nonnegative("weight_decay", weight_decay.astype(dtype))
-    batch_size = _check_batch_size(batch_size, n, key)
+    segments = _check_segments(segments, optimizer, xs.shape[0], key, dtype)
     if key is None:
-        key = jr.key(0)  # unused: full batch from a given W0
+        key = jr.key(0)  # unused: full batches (or the segments' keys) from W0
+    num_steps = sum(s.num_steps for s in segments)
     record = _check_records(record_at, num_records, num_steps)
     if basis is not None:
         basis = jnp.asarray(basis, dtype)
@@ -252,22 +262,18 @@ def train(
                 f"{basis.shape}."
             )
         basis = finite("basis", basis)
-
-    return _train(
+    return run_segments(
         structure,
+        model,
         xs,
         ys,
         W0,
         init_scale,
-        learning_rate,
-        weight_decay,
-        basis,
         key,
+        segments,
+        basis,
         optimizer=optimizer,
-        num_steps=num_steps,
         width=width,
-        batch_size=batch_size,
-        model=model,
         record=record,
         snapshots=snapshots,
         divergence_factor=factor,
@@ -326,8 +332,8 @@ def _check_init(structure, model, W0, width, init_scale, key, dtype):
     init_scale = jnp.asarray(init_scale)
     check_shape("init_scale", init_scale, ())
     init_scale = positive("init_scale", init_scale.astype(dtype))
-    max_units = getattr(structure, "max_units", None)
-    if model == "layer" and max_units is not None and width > max_units:
+    max_units = model.max_units(structure)
+    if max_units is not None and width > max_units:
         raise ValueError(
             f"`width` ({width}) exceeds the {max_units} units this layer holds "
             "(`structure.max_units`)."
@@ -335,44 +341,83 @@ def _check_init(structure, model, W0, width, init_scale, key, dtype):
     return W0, width, init_scale
 
 
-def _check_optimizer(optimizer, learning_rate, dtype):
-    """The learning rate as `train` uses it (a checked scalar, a schedule, or
-    `None` beside a ready transformation)."""
-    if isinstance(optimizer, optax.GradientTransformation):
-        if learning_rate is not None:
-            raise ValueError(
-                "`learning_rate` must be None when `optimizer` is a ready "
-                "optax.GradientTransformation; pass a factory such as `optax.adam` "
-                "to sweep the learning rate."
-            )
-        return None
-    if optimizer is not None and not callable(optimizer):
+def _check_segments(segments, optimizer, n, key, dtype) -> list[Segment]:
+    """The segments with checked values: static sizes, learning rates and weight
+    decays as scalars of the data's dtype (arguments named `segments[i].NAME`
+    when there are several)."""
+    if isinstance(segments, Segment) or not isinstance(segments, Sequence):
+        raise ValueError(
+            f"`segments` must be a sequence of nqfjax Segments, got {segments!r}."
+        )
+    if len(segments) == 0:
+        raise ValueError("`segments` must hold at least one Segment.")
+    if not (
+        optimizer is None
+        or isinstance(optimizer, optax.GradientTransformation)
+        or callable(optimizer)
+    ):
         raise ValueError(
             "`optimizer` must be None, an optax.GradientTransformation or a "
             f"factory `learning_rate -> GradientTransformation`, got {optimizer!r}."
         )
+    checked = []
+    for i, seg in enumerate(segments):
+        pre = f"segments[{i}]." if len(segments) > 1 else ""
+        if not isinstance(seg, Segment):
+            raise ValueError(f"`segments[{i}]` must be a Segment, got {seg!r}.")
+        lam = jnp.asarray(seg.weight_decay)
+        check_shape(pre + "weight_decay", lam, ())
+        lam = nonnegative(pre + "weight_decay", lam.astype(dtype))
+        has_key = key is not None or seg.key is not None
+        checked.append(
+            Segment(
+                static_int(pre + "num_steps", seg.num_steps, 1),
+                _check_learning_rate(pre, optimizer, seg.learning_rate, dtype),
+                lam,
+                _check_batch_size(pre, seg.batch_size, n, has_key),
+                None if seg.key is None else check_key(seg.key, pre + "key"),
+            )
+        )
+    return checked
+
+
+def _check_learning_rate(pre, optimizer, learning_rate, dtype):
+    """The learning rate as the loop uses it (a checked scalar, a schedule, or
+    `None` beside a ready transformation)."""
+    if isinstance(optimizer, optax.GradientTransformation):
+        if learning_rate is not None:
+            raise ValueError(
+                f"`{pre}learning_rate` must be None when `optimizer` is a ready "
+                "optax.GradientTransformation; pass a factory such as `optax.adam` "
+                "to sweep the learning rate."
+            )
+        return None
     if learning_rate is None:
         raise ValueError(
-            "Give `learning_rate` (a learning rate > 0 or an optax schedule)."
+            f"Give `{pre}learning_rate` (a learning rate > 0 or an optax schedule)."
         )
     if callable(learning_rate):
         return learning_rate
     learning_rate = jnp.asarray(learning_rate)
-    check_shape("learning_rate", learning_rate, ())
-    return positive("learning_rate", learning_rate.astype(dtype))
+    check_shape(pre + "learning_rate", learning_rate, ())
+    return positive(pre + "learning_rate", learning_rate.astype(dtype))
 
 
-def _check_batch_size(batch_size, n, key):
+def _check_batch_size(pre, batch_size, n, has_key):
     """The static minibatch size, `None` for full batch."""
     if batch_size is None:
         return None
-    batch_size = static_int("batch_size", batch_size, 1)
+    batch_size = static_int(pre + "batch_size", batch_size, 1)
     if batch_size > n:
-        raise ValueError(f"`batch_size` ({batch_size}) exceeds the n = {n} samples.")
+        raise ValueError(
+            f"`{pre}batch_size` ({batch_size}) exceeds the n = {n} samples."
+        )
     if batch_size == n:
         return None
-    if key is None:
-        raise ValueError("A `key` is needed to draw minibatches (`batch_size` < n).")
+    if not has_key:
+        raise ValueError(
+            f"A `key` is needed to draw minibatches (`{pre}batch_size` < n)."
+        )
     return batch_size
 
 
@@ -394,191 +439,3 @@ def _check_records(record_at, num_records, num_steps) -> tuple[int, ...]:
             f"[0, num_steps={num_steps}]."
         )
     return record
-
-
-# --------------------------------------------------------------------------------
-# the compiled loop
-
-
-def _sample_without_replacement(key, n: int, b: int) -> Int[Array, " b"]:
-    """`b` distinct indices out of `n`, uniformly: the first `b` swaps of a
-    Fisher-Yates shuffle (O(b) work; `jax.random.choice(replace=False)` sorts all
-    `n`, which was measured ~30x slower per step under `vmap` on CPU)."""
-    js = jr.randint(key, (b,), jnp.arange(b), n)
-
-    def swap(i, perm):
-        j = js[i]
-        return perm.at[i].set(perm[j]).at[j].set(perm[i])
-
-    return jax.lax.fori_loop(0, b, swap, jnp.arange(n))[:b]
-
-
-def _model(structure, model, xs, ys, width, dtype):
-    """`(predict, targets)`: the model's output on a batch, and what it is
-    compared with, so that `predict(W, xs) - targets` is `f(x; W) - y`."""
-    if model == "layer":
-        # the data were checked once in `train`; a structure's `layer` and
-        # `contract` check only (static) shapes, so no value check runs every step
-        def predict(W, xb):
-            return jax.vmap(structure.layer, in_axes=(None, 0))(W, xb)
-
-        return predict, ys
-
-    def predict(W, xb):
-        # Tr[W W^T A_j(x_s)] for the batch, through the structure's contraction
-        # (closed form for the perceptron: no A(x) is built)
-        return structure.contract(xb, W @ W.T)
-
-    # the quadratic model is f(x; 0) + Tr[W W^T A(x)]: its form learns y - f(x; 0)
-    offsets = jax.vmap(structure.layer, in_axes=(None, 0))(
-        jnp.zeros((structure.p, width), dtype), xs
-    )
-    return predict, ys - offsets
-
-
-def _snapshotter(basis, snapshots, dtype):
-    """What is recorded of `W`: `diag(basis^T W W^T basis)`, `W W^T`, or nothing."""
-
-    def snapshot(W):
-        if basis is not None:
-            return jnp.sum((basis.T @ W) ** 2, axis=1)
-        if snapshots:
-            return W @ W.T
-        return jnp.zeros((0,), dtype)
-
-    return snapshot
-
-
-def _optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
-    """The optax transformation: plain SGD, a factory's, or the one given."""
-    if optimizer is None:
-        return optax.sgd(learning_rate)
-    if isinstance(optimizer, optax.GradientTransformation):
-        return optimizer
-    return optimizer(learning_rate)
-
-
-def _recorder(record, num_steps, snapshot, data_loss, W):
-    """The recording slots and buffers: `slots[s]` is the record index of step
-    `s` (-1 when not recorded), and `store(W, buffers, slot)` fills one."""
-    slots = np.full(num_steps, -1, np.int32)
-    for i, s in enumerate(record):
-        if s < num_steps:
-            slots[s] = i
-    snap_shape = jax.eval_shape(snapshot, W)
-    buffers = (
-        jnp.full((len(record),), jnp.nan, W.dtype),
-        jnp.full((len(record), *snap_shape.shape), jnp.nan, W.dtype),
-    )
-
-    def store(W, buffers, slot):
-        losses, snaps = buffers
-        return (
-            losses.at[slot].set(data_loss(W)),
-            snaps.at[slot].set(snapshot(W)),
-        )
-
-    return jnp.asarray(slots), buffers, store
-
-
-def _first_diverged(record, losses, num_steps, final_loss, first_step, threshold):
-    """The first step at which the loss was non-finite or above `threshold`:
-    the earliest of the per-step check (`first_step`, -1 for none), the recorded
-    losses and the final one (step `num_steps`); -1 for none."""
-
-    def bad(L):
-        return ~jnp.isfinite(L) | (L > threshold)
-
-    never = jnp.iinfo(jnp.int32).max
-    at_record = jnp.min(jnp.where(bad(losses), jnp.asarray(record, jnp.int32), never))
-    at_end = jnp.where(bad(final_loss), num_steps, never)
-    per_step = jnp.where(first_step >= 0, first_step, never)
-    first = jnp.minimum(jnp.minimum(per_step, at_record), at_end)
-    return jnp.where(first == never, -1, first).astype(jnp.int32)
-
-
-@eqx.filter_jit
-def _train(
-    structure,
-    xs,
-    ys,
-    W0,
-    init_scale,
-    learning_rate,
-    weight_decay,
-    basis,
-    key,
-    *,
-    optimizer,
-    num_steps,
-    width,
-    batch_size,
-    model,
-    record,
-    snapshots,
-    divergence_factor,
-):
-    dtype = xs.dtype
-    p, n = structure.p, xs.shape[0]
-    init_key, batch_key = jr.split(key)
-    Z = jr.normal(init_key, (p, width), dtype) if W0 is None else W0
-    W = init_scale * Z
-    predict, targets = _model(structure, model, xs, ys, width, dtype)
-
-    def batch_loss(W, xb, tb):
-        return 0.5 * jnp.mean(jnp.sum((predict(W, xb) - tb) ** 2, axis=-1))
-
-    def objective(W, xb, tb):
-        data = batch_loss(W, xb, tb)
-        return data + 0.5 * weight_decay * jnp.sum(W**2), data
-
-    def data_loss(W):
-        return batch_loss(W, xs, targets)
-
-    snapshot = _snapshotter(basis, snapshots, dtype)
-    opt = _optimizer(optimizer, learning_rate)
-    slots, buffers, store = _recorder(record, num_steps, snapshot, data_loss, W)
-    # the divergence threshold: factor x max(initial loss, loss at zero weights)
-    reference = jnp.maximum(data_loss(W), data_loss(jnp.zeros_like(W)))
-    threshold = divergence_factor * reference
-    # the batch loss times b/n is a lower bound on the full-data loss
-    fraction = 1.0 if batch_size is None else batch_size / n
-
-    def step(carry, inputs):
-        W, opt_state, buffers, first = carry
-        s, slot = inputs
-        buffers = jax.lax.cond(
-            slot >= 0, store, lambda W, buffers, slot: buffers, W, buffers, slot
-        )
-        if batch_size is None:
-            xb, tb = xs, targets
-        else:
-            idx = _sample_without_replacement(jr.fold_in(batch_key, s), n, batch_size)
-            xb, tb = xs[idx], targets[idx]
-        (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(W, xb, tb)
-        bound = fraction * loss
-        bad = ~jnp.isfinite(bound) | (bound > threshold)
-        first = jnp.where((first < 0) & bad, s, first)
-        updates, opt_state = opt.update(grads, opt_state, W)
-        W = optax.apply_updates(W, updates)
-        return (W, opt_state, buffers, first), None
-
-    carry = (W, opt.init(W), buffers, jnp.asarray(-1, jnp.int32))
-    inputs = (jnp.arange(num_steps, dtype=jnp.int32), slots)
-    (W, _, buffers, first), _ = jax.lax.scan(step, carry, inputs)
-    final_loss = data_loss(W)
-    if record[-1] == num_steps:
-        buffers = store(W, buffers, len(record) - 1)
-    losses, snaps = buffers
-    diverged_at = _first_diverged(
-        record, losses, num_steps, final_loss, first, threshold
-    )
-    return TrainResult(
-        steps=jnp.asarray(record, jnp.int32),
-        loss=losses,
-        M=snaps if (basis is None and snapshots) else None,
-        m=snaps if basis is not None else None,
-        W=W,
-        diverged=diverged_at >= 0,
-        diverged_at=diverged_at,
-    )

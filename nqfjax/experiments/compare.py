@@ -19,6 +19,7 @@ from .._curves import first_crossing
 from ..engines.clock import invert_clock
 from ..engines.lv import lv_reduce
 from ..structures.base import AbstractStructure
+from ..structures.models import AbstractModel, Layer, as_model
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..tasks.sampled import task_from_samples
@@ -132,7 +133,7 @@ def compare_methods(
     weight_decay: float = 0.0,
     key: PRNGKeyArray | None = None,
     seeds: int = 1,
-    model: str = "quadratic",
+    model: AbstractModel = Layer(),
     record_at: Sequence[int] | None = None,
     basis: Float[ArrayLike, "p q"] | None = None,
     level: float = 0.5,
@@ -180,7 +181,9 @@ def compare_methods(
     - `weight_decay`: `lambda >= 0`.
     - `key`: PRNG key for the minibatches (default `key(0)`).
     - `seeds`: minibatch seeds averaged for methods with a batch size (default 1).
-    - `model`: `"quadratic"` (default) or `"layer"`.
+    - `model`: the model trained, `Layer()` (default, as in `nqfjax.train`) or
+      `QuadraticForm()` (the quadratic form, whose gradient flow the reference
+      is: pass it to measure the methods alone).
     - `record_at`: the recorded steps (default 401 evenly spaced).
     - `basis`: the modes, shape `(p, q)`, orthonormal columns.
     - `level`: the fraction of a mode's peak that defines its switch-on.
@@ -197,6 +200,7 @@ def compare_methods(
     """
     # Long only for its docstring (the contract); the code is a few named steps.
     items = _method_items(methods)
+    model = as_model(model)
     if seeds < 1:
         raise ValueError(f"`seeds` must be >= 1, got {seeds}.")
     reference, extra = _reference_engine(reference, solve_options, basis)

@@ -15,6 +15,7 @@ from .._checks import check_shape
 from .._curves import first_crossing, loglog_slope
 from ..engines.train import train
 from ..structures.base import AbstractStructure
+from ..structures.models import QuadraticForm
 from ..tasks.base import Task
 
 
@@ -103,7 +104,7 @@ def delayed_generalisation(
     r"""Train on few samples with weight decay and measure how long after fitting
     the training data the network generalises.
 
-    The network (the quadratic form of `structure`, `model="quadratic"`) is
+    The network (the quadratic form of `structure`, `model=QuadraticForm()`) is
     trained from $W_0 = \sigma Z$ with `optimizer(learning_rate)` (Adam by
     default) on the L2-penalised objective
     $\frac1{2n}\sum_s |f(x_s) - y_s|^2 + \frac\lambda2 |W|^2$ (`nqfjax.train`).
@@ -161,7 +162,7 @@ def delayed_generalisation(
         init_scale=init_scale,
         width=width,
         weight_decay=weight_decay,
-        model="quadratic",
+        model=QuadraticForm(),
         num_records=num_records,
     )
     ys = jnp.asarray(ys, res.loss.dtype)

@@ -18,6 +18,7 @@ from .._checks import positive, static_int
 from ..engines.mflow import solve_mflow
 from ..engines.train import train
 from ..progress import AbstractProgressMeter
+from ..structures.models import QuadraticForm
 from ..structures.quadratic import QuadraticNet
 from ..sweep import grid_product, sweep
 from ..tasks.gaussian import gaussian_quadratic_task
@@ -129,7 +130,7 @@ def _finite_data_point(
             init_scale=run["init_scale"],
             width=width_static,
             weight_decay=lam,
-            model="quadratic",
+            model=QuadraticForm(),
             record_at=(run["num_steps"],),
         )
         M = res.M[-1]
@@ -209,7 +210,7 @@ def finite_data_map(
       of the sampled task with the width cap (`n_starts` random starts for the
       capped widths, besides the systematic ones);
     - `"train"`: W-space gradient descent of the quadratic form (`train`,
-      `model="quadratic"`) for `num_steps` steps of `learning_rate` from an
+      `model=QuadraticForm()`) for `num_steps` steps of `learning_rate` from an
       isotropic start of scale `init_scale`;
     - `"mflow"`: the M-space flow (`solve_mflow`) to `t = num_steps` from
       $M_0 = W_0 W_0^\top$ with $W_0$ of `m` random columns of that scale (the flow

@@ -2,7 +2,6 @@
 schedules (`Method`, `train_method`), and how far each one's switch-on times
 depart from the gradient flow on its clock (`compare_methods`)."""
 
-import functools
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -16,18 +15,14 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_key, static_int
 from ..engines.clock import check_momentum, clock
-from ..engines.train import TrainResult, log_spaced_steps, train
+from ..engines.train import Segment, TrainResult, train_segments
 from ..structures.base import AbstractStructure
+from ..structures.models import AbstractModel, Layer, as_model
 from ._optimizers import ALIASES, OPTIMIZERS, HeavyBall, optimizer_word
 
 
 # --------------------------------------------------------------------------------
 # training methods
-
-
-@functools.cache
-def _shifted(schedule, offset: int):
-    return lambda n: schedule(n + offset)
 
 
 def _batch_sizes(b):
@@ -129,9 +124,9 @@ class Method(eqx.Module):
       the clock's momentum (0 for none).
     - `batch_size`: `None` (full batch), an int `b`, or a batch-size schedule
       `((0, b_0), (s_1, b_1), ...)`: batch size `b_i` from step `s_i` on
-      (starts strictly increasing, from 0). A schedule is trained as a loop of
-      `nqfjax.train` segments, each continuing from the last weights, with the
-      learning-rate schedule shifted to the global step and fresh minibatch
+      (starts strictly increasing, from 0). A schedule is trained as segments
+      of one run (`train_segments`), each continuing from the last weights,
+      with the learning-rate schedule at the global step and fresh minibatch
       keys; the optimizer state (momentum, Adam's moments) restarts at each
       boundary, exactly right for plain SGD. It needs a factory (or `None`),
       not a ready transformation, whose schedule could not be shifted.
@@ -217,13 +212,6 @@ class Method(eqx.Module):
         """The flow time `s(ts)` this method is compared on (see the class)."""
         return clock(self.learning_rate, ts, momentum=self.clock_momentum)
 
-    def _train_kwargs(self, learning_rate=None) -> dict:
-        """`learning_rate` and `optimizer` as `nqfjax.train` takes them."""
-        lr = self.learning_rate if learning_rate is None else learning_rate
-        if isinstance(self.optimizer, optax.GradientTransformation):
-            return dict(learning_rate=None, optimizer=self.optimizer)
-        return dict(learning_rate=lr, optimizer=self.optimizer)
-
 
 def train_method(
     method: Method,
@@ -235,30 +223,31 @@ def train_method(
     W0: Float[ArrayLike, "p m"],
     key: PRNGKeyArray | None = None,
     weight_decay: Float[ArrayLike, ""] = 0.0,
-    model: str = "quadratic",
+    model: AbstractModel = Layer(),
     record_at: Sequence[int] | None = None,
     num_records: int = 50,
     basis: Float[ArrayLike, "p q"] | None = None,
     snapshots: bool = True,
 ) -> TrainResult:
-    r"""Train `W` from `W0` with a `Method` through `nqfjax.train`.
+    r"""Train `W` from `W0` with a `Method`, through the one training loop
+    (`train_segments`).
 
-    A constant batch size is one `train` call. A batch-size schedule is a loop
-    of `train` segments (see `Method`): segment `i` runs steps
-    `[s_i, s_{i+1})` with batch size `b_i`, from the weights the previous segment
-    ended with, with the learning-rate schedule evaluated at the global step
-    and minibatch key `fold_in(key, i)`; the records are stitched into one
-    `TrainResult` whose `steps` are global (its divergence flags are those of the first
-    segment that diverged, at the global step). `jax.vmap` works over `key` (and
-    `W0`), with a batch-size schedule too (one compilation per segment length
-    and batch size).
+    A constant batch size is one segment, the same run as `nqfjax.train`. A
+    batch-size schedule is one segment per entry (see `Method`): segment `i`
+    runs steps `[s_i, s_{i+1})` with batch size `b_i` (at most `n`), from the
+    weights the previous segment ended with, with the learning-rate schedule
+    evaluated at the global step and the minibatch key
+    `split(fold_in(key, i))[1]`; the records are one `TrainResult` whose `steps`
+    are global. `jax.vmap` works over `key` (and `W0`), with a batch-size
+    schedule too.
 
     **Arguments:**
 
     - `method`: the `Method`.
     - `structure`, `xs`, `ys`, `num_steps`, `W0`, `weight_decay`, `model`,
       `record_at`, `num_records`, `basis`, `snapshots`: as in `nqfjax.train`
-      (`model` defaults to `"quadratic"` here).
+      (`model` defaults to `Layer()`, as there; pass `QuadraticForm()` for the
+      quadratic form, whose gradient flow is the M-space flow).
     - `key`: PRNG key for the minibatches (needed when `batch_size < n`).
 
     **Returns:** a `TrainResult`.
@@ -268,89 +257,40 @@ def train_method(
     """
     if not isinstance(method, Method):
         raise ValueError(f"`method` must be a Method, got {type(method)}.")
-    kw = dict(
+    model = as_model(model)
+    b = method.batch_size
+    lr = method.learning_rate  # a ready transformation brings its own
+    if isinstance(method.optimizer, optax.GradientTransformation):
+        lr = None
+    num_steps = static_int("num_steps", num_steps)
+    if isinstance(b, tuple):
+        key = jr.key(0) if key is None else check_key(key)
+        n = jnp.shape(xs)[0]
+        bounds = [s for s, _ in b if s < num_steps] + [num_steps]
+        segments = [
+            # the key of the former per-segment `train(key=fold_in(key, i))` calls
+            Segment(
+                e - a,
+                lr,
+                weight_decay,
+                min(int(b[i][1]), n),
+                key=jr.split(jr.fold_in(key, i))[1],
+            )
+            for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:]))
+        ]
+    else:
+        segments = [Segment(num_steps, lr, weight_decay, b)]
+    return train_segments(
+        structure,
+        xs,
+        ys,
+        segments,
+        optimizer=method.optimizer,
+        key=key,
         W0=W0,
-        weight_decay=weight_decay,
         model=model,
+        record_at=record_at,
+        num_records=num_records,
         basis=basis,
         snapshots=snapshots,
-    )
-    if not isinstance(method.batch_size, tuple):
-        return train(
-            structure,
-            xs,
-            ys,
-            num_steps=num_steps,
-            key=key,
-            batch_size=method.batch_size,
-            record_at=record_at,
-            num_records=num_records,
-            **method._train_kwargs(),
-            **kw,
-        )
-    num_steps = static_int("num_steps", num_steps)
-    record = (
-        log_spaced_steps(num_steps, num_records)
-        if record_at is None
-        else tuple(int(s) for s in record_at)
-    )
-    key = jr.key(0) if key is None else check_key(key)
-    pieces = _train_segments(
-        method, structure, xs, ys, num_steps, record, key, jnp.asarray(W0), kw
-    )
-    return _stitch(pieces)
-
-
-def _train_segments(method, structure, xs, ys, num_steps, record, key, W, kw):
-    """One `train` call per segment of the batch-size schedule, each from the
-    last one's weights: `[(global steps kept, TrainResult, indices kept)]`."""
-    b = method.batch_size
-    n = jnp.shape(xs)[0]
-    bounds = [s for s, _ in b if s < num_steps] + [num_steps]
-    pieces = []
-    for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        last = e == num_steps
-        local = sorted({0} | {s - a for s in record if a <= s < e or (last and s == e)})
-        lr = method.learning_rate
-        if callable(lr) and a:
-            lr = _shifted(lr, a)
-        res = train(
-            structure,
-            xs,
-            ys,
-            num_steps=e - a,
-            key=jr.fold_in(key, i),
-            batch_size=min(int(b[i][1]), n),
-            record_at=local,
-            **method._train_kwargs(lr),
-            **{**kw, "W0": W},
-        )
-        keep = np.flatnonzero([a + s in record for s in local])
-        pieces.append((a, np.asarray(local)[keep] + a, res, keep))
-        W = res.W
-    return pieces
-
-
-def _stitch(pieces) -> TrainResult:
-    """The segments' records as one `TrainResult` with global steps."""
-
-    def cat(name):
-        # integer indices (not boolean masks), so that this also runs under vmap
-        return jnp.concatenate(
-            [getattr(r, name)[jnp.asarray(k)] for _, _, r, k in pieces]
-        )
-
-    # the first segment that diverged, at its global step
-    diverged_at = jnp.asarray(-1, jnp.int32)
-    for start, _, r, _ in reversed(pieces):
-        diverged_at = jnp.where(r.diverged, r.diverged_at + start, diverged_at)
-    first = pieces[0][2]
-    return TrainResult(
-        steps=jnp.asarray(np.concatenate([s for _, s, _, _ in pieces]), jnp.int32),
-        loss=cat("loss"),
-        M=None if first.M is None else cat("M"),
-        m=None if first.m is None else cat("m"),
-        W=pieces[-1][2].W,
-        diverged=diverged_at >= 0,
-        diverged_at=diverged_at,
     )

@@ -13,18 +13,17 @@ $\mathrm{pl}$ a piecewise-linear curve through `num_knots` equally spaced knots
 $\ln \mathbb E L_T$ with optax through `jax.grad` of the moment equation.
 """
 
-import functools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import static_int
 from ..engines.sgd_moments import sgd_moments
-from ..engines.train import train
+from ..engines.train import Segment, train_segments
 from ..structures.quadratic import QuadraticNet
 from ..tasks.gaussian import GaussianQuadraticTask
 
@@ -298,10 +297,11 @@ def train_schedule(
 ) -> Float[Array, "seeds S1"]:
     """Train the quadratic network with a piecewise-constant `schedule` (from
     `piecewise_constant`, constant on `num_segments` equal segments with integer
-    batch sizes): one `train` call per segment, continuing from the last
-    weights, vmapped over `keys` (one run per key, each segment with its own
-    minibatch key). Returns the full-data loss at the start and after each
-    segment, shape `(len(keys), num_segments + 1)`."""
+    batch sizes): one run of `num_segments` segments (`train_segments`, the real
+    layer `Layer()` as everywhere), continuing from the last weights, vmapped
+    over `keys` (one run per key; segment `i` draws its minibatches from
+    `split(fold_in(key, i))[1]`). Returns the full-data loss at the start and
+    after each segment, shape `(len(keys), num_segments + 1)`."""
     T = schedule.learning_rates.shape[0]
     S = static_int("num_segments", num_segments, 1)
     L = T // S
@@ -311,30 +311,22 @@ def train_schedule(
         raise ValueError("`schedule` must be constant on each segment.")
     net = QuadraticNet(xs.shape[1])
     n = xs.shape[0]
+    sizes = [None if int(size) >= n else int(size) for size in b[:, 0]]
 
-    def segment(W, key, lr, size):
-        res = train(
+    def run(key):
+        segments = [
+            Segment(L, eta[i, 0], 0.0, sizes[i], jr.split(jr.fold_in(key, i))[1])
+            for i in range(S)
+        ]
+        res = train_segments(
             net,
             xs,
             ys,
-            num_steps=L,
-            learning_rate=lr,
-            W0=W,
-            batch_size=None if size >= n else size,
-            key=key,
-            record_at=[0, L],
+            segments,
+            W0=W0,
+            record_at=range(0, S * L + 1, L),
             snapshots=False,
         )
-        return res.W, res.loss
+        return res.loss
 
-    Ws = jnp.broadcast_to(jnp.asarray(W0), (len(keys), *np.shape(W0)))
-    losses = []
-    for i in range(S):
-        size = int(b[i, 0])
-        seg_keys = jax.vmap(lambda k, i=i: jax.random.fold_in(k, i))(keys)
-        run = functools.partial(segment, size=size)
-        Ws, loss = jax.vmap(run, in_axes=(0, 0, None))(Ws, seg_keys, eta[i, 0])
-        if i == 0:
-            losses.append(loss[:, 0])
-        losses.append(loss[:, 1])
-    return jnp.stack(losses, axis=1)
+    return jax.vmap(run)(keys)

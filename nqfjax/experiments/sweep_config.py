@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from ..structures.base import AbstractStructure
+from ..structures.models import MODELS
 from ..structures.registry import (
     make_structure,
     structure_arguments,
@@ -83,7 +84,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "num_records": ("int>=2", 40),
         "batch_size": ("int>=1", None),
         "weight_decay": ("float>=0", 0.0),
-        "model": (("layer", "quadratic"), "layer"),
+        "model": (tuple(MODELS), "layer"),
         "precision": (("float32", "float64"), "float32"),
     },
     "grid": {
@@ -306,18 +307,18 @@ def parse_sweep_config(
             structure = config.structure(arch)
         except (ValueError, TypeError) as e:
             raise ValueError(f"architectures.{arch}: {e}") from None
+        cap = MODELS[train_["model"]].max_units(structure)
+        if cap is not None and train_["width"] > cap:
+            raise ValueError(
+                f"train.width ({train_['width']}) exceeds the {cap} unit(s) the "
+                f"{arch} layer holds (`max_units`)."
+            )
         cap = structure.max_units
-        if cap is not None:
-            if train_["model"] == "layer" and train_["width"] > cap:
-                raise ValueError(
-                    f"train.width ({train_['width']}) exceeds the {cap} unit(s) the "
-                    f"{arch} layer holds (`max_units`)."
-                )
-            if data["teacher_units"] > cap:
-                raise ValueError(
-                    f"data.teacher_units ({data['teacher_units']}) exceeds the {cap} "
-                    f"unit(s) the {arch} layer holds (`max_units`)."
-                )
+        if cap is not None and data["teacher_units"] > cap:
+            raise ValueError(
+                f"data.teacher_units ({data['teacher_units']}) exceeds the {cap} "
+                f"unit(s) the {arch} layer holds (`max_units`)."
+            )
     return config
 
 

@@ -22,6 +22,7 @@ from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter
 from ..structures.base import AbstractStructure
+from ..structures.models import MODELS
 from ..sweep import defer_interrupts, grid_product, sweep
 from .predict import predict
 from .sweep_config import OPTIMIZERS, SweepConfig
@@ -142,7 +143,7 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
                     width=train_["width"],
                     weight_decay=train_["weight_decay"],
                     batch_size=train_["batch_size"],
-                    model=train_["model"],
+                    model=MODELS[train_["model"]],
                     record_at=tuple(int(s) for s in steps),
                     snapshots=False,
                 ).loss

@@ -150,7 +150,8 @@ def task_from_samples(
     for perceptrons and quadratic networks, not for softmax attention). Then
     `task.loss(W W^T)` equals the empirical squared loss
     $\frac1{2n}\sum_s |f(x_s;0) + \mathrm{Tr}[W W^\top A(x_s)] - y_s|^2$ of the
-    quadratic model, which is what `train(structure, xs, ys)` minimises.
+    quadratic model, which is what `train(structure, xs, ys,
+    model=QuadraticForm())` minimises.
     With `subtract_offset=False` the offset is ignored.
 
     As `n` grows the task converges to the population task (for Gaussian inputs,
