@@ -16,6 +16,7 @@ removed by Richardson extrapolation, 2 L_GD(eta/2, 2s) - L_GD(eta, s), which
 leaves O(eta^2).
 """
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +35,9 @@ N_STEPS = int(T_FLOW / ETA)
 RECORD = np.r_[0, np.unique(np.rint(np.geomspace(1, N_STEPS, 100)).astype(int))]
 # Tight solver tolerances: near 1e-8 of the initial loss the curve is set by modes
 # of size ~1e-8, and the default 1e-9 tolerances leave ~1e-3 there (measured).
-TOL = dict(rtol=1e-12, atol=1e-12)
+# rtol = atol = 1e-12, each engine in its own norm
+TOL = dict(stepsize_controller=nqfjax.lv_stepsize_controller(1e-12, rtol=1e-12))
+TOL_MFLOW = dict(stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))
 
 
 def _sign_symmetric(base, scales):
@@ -90,7 +93,7 @@ def test_three_engines_aligned_quadratic_net(quadratic):
     M0 = W0 @ W0.T
     ts = jnp.asarray(RECORD, jnp.float64)
 
-    L_flow = np.asarray(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL).loss)
+    L_flow = np.asarray(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL_MFLOW).loss)
     m0 = np.diag(basis.T @ M0 @ basis)
     np.testing.assert_allclose(m0, eps, rtol=1e-12)
     L_lv = np.asarray(nqfjax.solve_lv(lv, m0, ts, **TOL).loss)
@@ -135,7 +138,9 @@ def test_not_reducible_but_mflow_matches_w_space(quadratic):
     W0 = 1e-3 * rng.normal(size=(D, D))  # random init, M0 generic
     M0 = W0 @ W0.T
     L_flow = np.asarray(
-        nqfjax.solve_mflow(task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL).loss
+        nqfjax.solve_mflow(
+            task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL_MFLOW
+        ).loss
     )
     _, _, L_gd = _gd_richardson(structure, jnp.asarray(xs), jnp.asarray(ys), W0)
     assert L_flow[-1] < 0.1 * L_flow[0]  # something was learned

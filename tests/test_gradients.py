@@ -27,7 +27,9 @@ import scipy.linalg
 import nqfjax
 
 
-TOL = dict(rtol=1e-11, atol=1e-11)
+# rtol = atol = 1e-11, each engine in its own norm
+TOL = dict(stepsize_controller=nqfjax.lv_stepsize_controller(1e-11, rtol=1e-11))
+TOL_MFLOW = dict(stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-11))
 
 
 def _fd(f, args, i, direction, h):
@@ -167,7 +169,7 @@ def _mflow_curve(log_sigma, eta, weight_decay, alpha, beta):
     M0 = jnp.exp(2 * log_sigma) * W0 @ W0.T
     ts = jnp.array([10.0, 20.0, 40.0, 80.0])
     return nqfjax.solve_mflow(
-        task, M0, ts, eta, weight_decay, solver=diffrax.Tsit5(), **TOL
+        task, M0, ts, eta, weight_decay, solver=diffrax.Tsit5(), **TOL_MFLOW
     ).loss
 
 

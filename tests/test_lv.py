@@ -19,6 +19,8 @@ from nqfjax import NotReducibleError
 
 
 P, NT, TOL = 5, 64, 1e-10
+# rtol = atol = TOL, in solve_lv's max norm on log m
+CTRL = nqfjax.lv_stepsize_controller(TOL, rtol=TOL)
 
 
 def _orth(rng, d):
@@ -26,7 +28,7 @@ def _orth(rng, d):
 
 
 def _solve(lv, m0, ts, **kw):
-    return nqfjax.solve_lv(lv, m0, ts, rtol=TOL, atol=TOL, **kw).ys
+    return nqfjax.solve_lv(lv, m0, ts, stepsize_controller=CTRL, **kw).ys
 
 
 def _logistic(t, r, mstar, eps):
@@ -305,7 +307,7 @@ def test_solve_lv_vmap_and_failure():
     tsit = diffrax.Tsit5()
     batched = jax.vmap(
         lambda m0: nqfjax.solve_lv(
-            lv, m0, ts, rtol=TOL, atol=TOL, throw=False, solver=tsit
+            lv, m0, ts, stepsize_controller=CTRL, throw=False, solver=tsit
         )
     )(m0s)
     assert batched.ys.shape == (2, NT, P) and batched.loss.shape == (2, NT)
@@ -471,11 +473,12 @@ def test_max_steps_reached_names_the_moving_modes():
 def test_bad_tolerances_refused():
     """Issue 13: one logistic mode with rtol = -1 came back 5000% off, with
     atol = -1 25% off. Every negative or non-finite tolerance (and rtol = atol =
-    0) is refused naming it, eagerly, in a given controller and under jit; good
-    tolerances give the closed form."""
+    0) is refused naming it: by `lv_stepsize_controller`, in a given controller
+    eagerly and under jit; good tolerances give the closed form."""
     lv = nqfjax.LotkaVolterra(jnp.array([0.5]), jnp.array([[0.5]]))
     m0, ts = jnp.array([1e-6]), jnp.linspace(1.0, 60.0, 8)
-    good = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=1e-10).ys[:, 0]
+    ctrl = nqfjax.lv_stepsize_controller(1e-10, rtol=0.0)
+    good = nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl).ys[:, 0]
     np.testing.assert_allclose(
         good, _logistic(np.asarray(ts), 0.5, 1.0, 1e-6), rtol=1e-7
     )
@@ -485,20 +488,41 @@ def test_bad_tolerances_refused():
         (dict(rtol=np.nan), "rtol"),
         (dict(atol=np.inf), "atol"),
         (dict(rtol=0.0, atol=0.0), "both be 0"),
-        (dict(stepsize_controller=diffrax.PIDController(rtol=-1.0, atol=1e-6)), "rtol"),
-        (
-            dict(stepsize_controller=diffrax.PIDController(rtol=0, atol=1), atol=1.0),
-            "not both",
-        ),
     ]
     for kw, name in bad:
         with pytest.raises(ValueError, match=name):
-            nqfjax.solve_lv(lv, m0, ts, **kw)
+            nqfjax.lv_stepsize_controller(**kw)
+        control = diffrax.PIDController(**{"rtol": 1e-6, "atol": 1e-6, **kw})
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(lv, m0, ts, stepsize_controller=control)
         # a closed-over tolerance is concrete under jit: the same eager error
         with pytest.raises(ValueError, match=name):
-            jax.jit(lambda m0, kw=kw: nqfjax.solve_lv(lv, m0, ts, **kw).ys)(m0)
+            jax.jit(
+                lambda m0, c=control: (
+                    nqfjax.solve_lv(lv, m0, ts, stepsize_controller=c).ys
+                )
+            )(m0)
+    with pytest.raises(ValueError, match="not both"):
+        with pytest.warns(DeprecationWarning):
+            nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl, atol=1.0)
+    for kw, name in (
+        (dict(solver=diffrax.ConstantStepSize()), "solver"),
+        (dict(adjoint=diffrax.Tsit5()), "adjoint"),
+        (dict(stepsize_controller=diffrax.Tsit5()), "stepsize_controller"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(lv, m0, ts, **kw)
     # traced tolerances are checked when the solve runs
-    f = jax.jit(lambda rtol, atol: nqfjax.solve_lv(lv, m0, ts, rtol=rtol, atol=atol).ys)
+    f = jax.jit(
+        lambda rtol, atol: (
+            nqfjax.solve_lv(
+                lv,
+                m0,
+                ts,
+                stepsize_controller=nqfjax.lv_stepsize_controller(atol, rtol=rtol),
+            ).ys
+        )
+    )
     with pytest.raises(RuntimeError, match="rtol"):
         f(-1.0, 1e-9)
     with pytest.raises(RuntimeError, match="atol"):
@@ -540,7 +564,7 @@ def test_solve_lv_learning_rate_is_a_clock():
     lv_eta = nqfjax.LotkaVolterra(eta * lv.r, eta * lv.interactions.as_matrix())
     m0 = jnp.full(P, 1e-6)
     ts = jnp.linspace(0.0, 400.0, NT)
-    on_clock = nqfjax.solve_lv(lv, m0, ts, eta, rtol=TOL, atol=TOL).ys
+    on_clock = nqfjax.solve_lv(lv, m0, ts, eta, stepsize_controller=CTRL).ys
     # two different systems and step sequences, each at 1e-10 per step
     np.testing.assert_allclose(on_clock, _solve(lv_eta, m0, ts), rtol=1e-6)
 
@@ -561,8 +585,7 @@ def test_solve_lv_learning_rate_is_a_clock():
             jnp.asarray(N),
             rate,
             momentum=momentum,
-            rtol=TOL,
-            atol=TOL,
+            stepsize_controller=CTRL,
         ).ys
         exact = np.stack([_logistic(s, r[k], r[k] / b[k], 1e-8) for k in range(P)], 1)
         assert exact[-1, 0] > 0.5 * r[0] / b[0], name  # a mode switched on
@@ -587,3 +610,30 @@ def test_renamed_learning_rate_keywords_warn():
     np.testing.assert_array_equal(old.r, task.lotka_volterra(0.25).r)
     with pytest.raises(TypeError, match="both"):
         nqfjax.lv_reduce(quad, learning_rate=0.1, eta=0.1)
+
+
+def test_deprecated_tolerances_same_numbers():
+    """`rtol`/`atol` (deprecated) warn naming the controller to pass and give
+    exactly the numbers of `lv_stepsize_controller` (a missing `rtol` is
+    `atol / |log floor|` of the system's dtype, in float32 too); the default
+    controller is `lv_stepsize_controller()`. Checked against the closed form."""
+    r, b, eps = 0.5, 0.25, 1e-6
+    for dtype, tol in ((jnp.float64, 1e-7), (jnp.float32, 1e-3)):
+        lv = nqfjax.LotkaVolterra(jnp.array([r], dtype), jnp.array([[b]], dtype))
+        m0, ts = jnp.array([eps], dtype), jnp.linspace(1.0, 60.0, 8, dtype=dtype)
+        exact = _logistic(np.asarray(ts, np.float64), r, r / b, eps)
+        default = nqfjax.solve_lv(lv, m0, ts).ys[:, 0]
+        same = nqfjax.solve_lv(
+            lv, m0, ts, stepsize_controller=nqfjax.lv_stepsize_controller(dtype=dtype)
+        ).ys[:, 0]
+        np.testing.assert_array_equal(default, same)
+        np.testing.assert_allclose(default, exact, rtol=tol)
+        for kw in (dict(atol=1e-4), dict(rtol=1e-3, atol=1e-4)):
+            with pytest.warns(DeprecationWarning, match="lv_stepsize_controller"):
+                old = nqfjax.solve_lv(lv, m0, ts, **kw).ys[:, 0]
+            ctrl = nqfjax.lv_stepsize_controller(
+                kw["atol"], rtol=kw.get("rtol"), dtype=dtype
+            )
+            new = nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl).ys[:, 0]
+            np.testing.assert_array_equal(old, new)
+            np.testing.assert_allclose(new, exact, rtol=1e-2)

@@ -209,7 +209,20 @@ def _lv_system(dtype):
 # (when a step is accepted on one side and rejected on the other), smooth
 # (O(1e-10)) otherwise. float32 uses the library's defaults.
 def _tol(dtype):
+    if dtype != "float64":
+        return {}
+    return dict(stepsize_controller=nqfjax.lv_stepsize_controller(1e-10, rtol=1e-10))
+
+
+def _tol_batch(dtype):
+    # solve_lv_batch's own keywords (engines/lv_batch.py has its own convention)
     return dict(rtol=1e-10, atol=1e-10) if dtype == "float64" else {}
+
+
+def _tol_mflow(dtype):
+    if dtype != "float64":
+        return {}
+    return dict(stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10))
 
 
 def _solve_lv(dtype):
@@ -226,7 +239,7 @@ def _solve_lv_batch(dtype):
     lv, ts = _lv_system(dtype), _arr(_TS, dtype)
 
     def fn(m0):
-        return nqfjax.solve_lv_batch(lv, m0, ts, **_tol(dtype)).loss
+        return nqfjax.solve_lv_batch(lv, m0, ts, **_tol_batch(dtype)).loss
 
     m0 = _arr([[1e-2, 2e-2, 3e-2], [3e-2, 2e-2, 1e-2]], dtype)
     return fn, m0, 0.5 * m0
@@ -243,7 +256,7 @@ def _solve_mflow(dtype):
 
     def fn(M0):
         sol = nqfjax.solve_mflow(
-            task, M0, ts, 0.5, solver=diffrax.Tsit5(), **_tol(dtype)
+            task, M0, ts, 0.5, solver=diffrax.Tsit5(), **_tol_mflow(dtype)
         )
         return sol.ys[-1], sol.loss
 

@@ -21,9 +21,12 @@ from ._integrate import (
     Solution,
     check_learning_rate,
     check_times,
+    default_adjoint,
+    deprecated_tolerances,
     flow_times,
     integrate,
     step_size_controller,
+    tolerance_checks,
 )
 from ._rosenbrock import LVRosenbrock, exponent_clip
 
@@ -66,6 +69,39 @@ def _max_norm(x):
     return jnp.max(jnp.abs(x))
 
 
+def lv_stepsize_controller(
+    atol: float | None = None, *, rtol: float | None = None, dtype=None
+) -> diffrax.PIDController:
+    r"""`solve_lv`'s default step-size controller, at a chosen tolerance.
+
+    `diffrax.PIDController(rtol, atol, norm=max over modes)` on $y = \log m$, so
+    `atol` bounds the *relative* error of every mode, tiny or not, and
+    `rtol = atol / |log floor|` (the floor: the log of the smallest normal number
+    of `dtype`, -87.3 in float32, -708.4 in float64) holds every mode above the
+    floor to between `atol` and `2 atol` while a dying mode's steps grow with its
+    depth (with `rtol = 0` it would cost steps to the end of `ts`).
+
+    **Arguments:**
+
+    - `atol`: finite, `>= 0` (default: 1e-9 in float64, 1e-5 in float32).
+    - `rtol`: finite, `>= 0` (default `atol / |log floor|`).
+    - `dtype`: the system's dtype, which sets both defaults (default: JAX's
+      default float, float64 under `jax_enable_x64`).
+
+    **Returns:** the `diffrax.PIDController` to pass as
+    `solve_lv(..., stepsize_controller=...)`; with no arguments it is the one
+    `solve_lv` uses by default for a system of `dtype`.
+
+    **Raises:** `ValueError` for a negative or non-finite `atol`/`rtol`, or both
+    0 (traced values are checked when `solve_lv` runs).
+    """
+    dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+    default_rtol, atol = _default_tolerances(dtype, atol)
+    rtol = default_rtol if rtol is None else rtol
+    tolerance_checks(rtol, atol)
+    return diffrax.PIDController(rtol=rtol, atol=atol, norm=_max_norm)
+
+
 def _check_m0(m0, dtype):
     """`m0` in `dtype`: positive, finite and not below the smallest normal number
     of `dtype` (checked before the cast, which would flush it to zero)."""
@@ -96,12 +132,12 @@ def solve_lv(
     t0: float | None = 0.0,
     solver: diffrax.AbstractSolver | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     throw: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> Solution:
     r"""Integrate the Lotka-Volterra system in log space and return it at `ts`.
 
@@ -133,17 +169,25 @@ def solve_lv(
     solver does not know of the pin, and the step-size control then stalls at
     the pin, at float32 resolution there.)
 
+    **Default:** `LVRosenbrock(lv.interactions)` with
+    `lv_stepsize_controller(dtype=...)`, i.e. `diffrax.PIDController` in the max
+    norm on `log m` with `atol` 1e-9 in float64 and 1e-5 in float32 and
+    `rtol = atol / |log floor|` (`dt0 = 0.01` over the fastest initial rate,
+    `max_steps=100_000`, `RecursiveCheckpointAdjoint`).
+
     **Solver.** The system is stiff once modes switch on. The default solver is a
     Rosenbrock method (`LVRosenbrock`, RODAS4: L-stable, one linear solve per
     stage with the analytic Jacobian $-B\,\mathrm{diag}(m)$, no Newton iterations;
     `O(p q)` per step when `B` is diagonal plus rank `q`, see `LotkaVolterra`),
     with a PID step-size controller in the max norm on the log-state, so `atol`
-    bounds the *relative* error of every mode, tiny or not; any diffrax solver and
-    controller can be passed instead (measured speeds: `benchmarks/README.md`).
-    Gradients go through `diffrax.RecursiveCheckpointAdjoint` (reverse-mode
-    checkpointing); `BacksolveAdjoint` was measured here to give gradients about
-    100% off on this problem. For a few hyperparameters forward mode
-    (`jax.jacfwd`) also works with `diffrax.ForwardMode()`.
+    bounds the *relative* error of every mode, tiny or not;
+    `lv_stepsize_controller(atol)` is that controller at another tolerance, and
+    any diffrax solver and controller can be passed instead (measured speeds:
+    `benchmarks/README.md`). Gradients go through
+    `diffrax.RecursiveCheckpointAdjoint` (reverse-mode checkpointing);
+    `BacksolveAdjoint` was measured here to give gradients about 100% off on this
+    problem. For a few hyperparameters forward mode (`jax.jacfwd`) also works
+    with `adjoint=diffrax.ForwardMode()`.
 
     **Arguments:**
 
@@ -156,19 +200,18 @@ def solve_lv(
     - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1).
     - `momentum`, `discrete`: the clock (see `clock`).
     - `t0`: the step at which `m = m0` (default 0; `None` means `ts[0]`).
-    - `solver`, `dt0`, `max_steps`, `adjoint`: diffrax options; `max_steps >= 1`.
-    - `stepsize_controller`: a diffrax step-size controller (default
-      `diffrax.PIDController(rtol, atol)` in the max norm).
-    - `rtol`, `atol`: the default controller's tolerances on `log m` (so `atol`
-      is a relative error of `m`), finite and `>= 0`: `atol` 1e-9 in float64
-      and 1e-5 in float32, and `rtol = atol / |log floor|` (so every mode above
-      the floor is held to between `atol` and `2 atol`; see **Modes that
-      die**: with `rtol = 0` a dying mode costs steps to the end of `ts`). Not
-      together with `stepsize_controller`.
+    - `solver`, `stepsize_controller`, `adjoint`: diffrax objects; `None` is the
+      default above (`lv_stepsize_controller` builds it at another `atol`). A
+      controller's `rtol`/`atol` must be finite and `>= 0`.
+    - `dt0`: the first step (`None`: the default above); `max_steps >= 1`.
     - `throw`: raise if the solve fails (for example `max_steps` reached). With
       `throw=False` (for vmapped sweeps) a failed solve returns NaN everywhere, so
       it can never pass for a result, and `stats["moving"]` says which modes were
       still moving when the solver stopped.
+    - `rtol`, `atol`: deprecated (`DeprecationWarning`): pass
+      `stepsize_controller=lv_stepsize_controller(atol, rtol=...)`, the same
+      controller (a missing `rtol` is `atol / |log floor|`, as before). Not with
+      `stepsize_controller`.
 
     **Returns:** a `Solution` with `ys = m(ts)`, shape `(T, p)`, and `loss =
     lv.loss(m(ts))`, shape `(T,)`.
@@ -188,6 +231,9 @@ def solve_lv(
     ts, t_start = check_times(ts, dtype, t0)
     s_start, times, inverse = flow_times(
         learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+    )
+    deprecated_tolerances(
+        rtol, atol, "nqfjax.lv_stepsize_controller(atol=..., rtol=...)"
     )
     controller, pending = step_size_controller(
         stepsize_controller, rtol, atol, _default_tolerances(dtype, atol), _max_norm
@@ -212,12 +258,12 @@ def solve_lv(
         pending=pending,
         dt0=dt0,
         max_steps=max_steps,
-        adjoint=adjoint,
+        adjoint=default_adjoint(adjoint),
         throw=throw,
         inverse=inverse,
         on_max_steps="Some modes were still moving when it stopped: with "
         "`throw=False` the Solution's `stats['moving']` marks them. Increase "
-        "`max_steps`, or loosen `atol`.",
+        "`max_steps`, or loosen the tolerance (`lv_stepsize_controller(atol)`).",
     )
     # moving: not dying below the floor, and the log would still change by more
     # than 1 before the last time at its rate when the solver stopped
