@@ -231,8 +231,9 @@ def long_spectrum_curve():
     integrated by `solve_lv` (diagonal B: O(p) per step) up to t = 1e6, where
     modes up to k ~ 900 have switched on: far beyond a 200-mode model."""
     ts = np.geomspace(1.0, 1e6, 100)
-    lv = nqfjax.power_law_task(LV_P, LV_ALPHA, LV_BETA).lotka_volterra(0.25)
-    m = np.asarray(nqfjax.solve_lv(lv, jnp.full(LV_P, LV_EPS), jnp.asarray(ts)).ys)
+    lv = nqfjax.power_law_task(LV_P, LV_ALPHA, LV_BETA).lotka_volterra()
+    m0 = jnp.full(LV_P, LV_EPS)
+    m = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(ts), 0.25).ys)
     k = np.arange(1, LV_P + 1, dtype=np.float64)
     # the loss as a sum of positive terms (lv.loss subtracts large numbers)
     loss = 0.5 * np.sum(k**-LV_ALPHA * (k**-LV_BETA - m) ** 2, axis=1)

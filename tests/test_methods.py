@@ -40,7 +40,7 @@ def whitened():
     ys = xs @ (U @ np.diag(SIG) @ V.T).T
     structure = nqfjax.Perceptron(d=D, k=K)
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv_unit, basis = nqfjax.lv_reduce(task, 1.0)
+    lv_unit, basis = nqfjax.lv_reduce(task)
     np.testing.assert_allclose(lv_unit.r[:3], 2 * SIG, rtol=1e-10)
     return structure, jnp.asarray(xs), jnp.asarray(ys), task, lv_unit, np.asarray(basis)
 

@@ -51,8 +51,9 @@ def test_mflow_matches_lv_aligned(lam, scale):
     task, Q = _quadratic()
     eta = 0.05
     M0 = Q * (scale * np.array([1.0, 3.0, 2.0, 1.0, 0.5])) @ Q.T
-    lv, U = nqfjax.lv_reduce(task, eta, lam)
-    m = nqfjax.solve_lv(lv, jnp.diag(U.T @ M0 @ U), TS, stepsize_controller=LV_CTRL).ys
+    lv, U = nqfjax.lv_reduce(task)  # both engines take eta and lam
+    m0 = jnp.diag(U.T @ M0 @ U)
+    m = nqfjax.solve_lv(lv, m0, TS, eta, lam, stepsize_controller=LV_CTRL).ys
     M = _mflow(task, jnp.asarray(M0), TS, eta, lam)
     L_lv, L_m = np.asarray(lv.loss(m)), np.asarray(jax.vmap(task.loss)(M))
     keep = L_lv > 1e-8 * L_lv[0]
@@ -99,7 +100,7 @@ def test_mflow_matches_w_space_not_reducible(getkey):
     flow, and M stays PSD with rank 3."""
     task, _ = _quadratic(theta=0.3)
     with pytest.raises(nqfjax.NotReducibleError):
-        nqfjax.lv_reduce(task, 0.05)
+        nqfjax.lv_reduce(task)
     eta, lam = 0.05, 0.05
     W0 = 1e-3 * jax.random.normal(getkey(), (P, 3))
     ts = TS[TS <= 2000.0]

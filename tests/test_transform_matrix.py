@@ -171,11 +171,11 @@ def _task_from_samples(dtype):
 
 
 def _power_law_lv(dtype):
-    def fn(eta):
-        lv = nqfjax.power_law_task(5, 1.2, 0.4).lotka_volterra(eta)
-        return lv.r, lv.interactions.diagonal(), lv.loss_scale
+    def fn(alpha):
+        lv = nqfjax.power_law_task(5, alpha, 0.4).lotka_volterra()
+        return lv.r, lv.interactions.diagonal(), lv.loss_offset
 
-    return fn, _arr(0.25, dtype), _arr(0.1, dtype)
+    return fn, _arr(1.2, dtype), _arr(1.0, dtype)
 
 
 def _train(dtype):
@@ -264,8 +264,8 @@ def _solve_mflow(dtype):
 
 
 def _sharp_switch_loss(dtype):
-    lv = nqfjax.power_law_task(6, 1.0, 0.5).lotka_volterra(0.25)
-    ts = _arr(np.geomspace(1.0, 1e5, 30), dtype)
+    lv = nqfjax.power_law_task(6, 1.0, 0.5).lotka_volterra()
+    ts = _arr(0.25 * np.geomspace(1.0, 1e5, 30), dtype)  # flow times at eta 1/4
     return (
         lambda m0: nqfjax.sharp_switch_loss(lv, m0, ts),
         _arr(np.full(6, 1e-8), dtype),
@@ -290,11 +290,10 @@ def _sgd_moments(dtype):
 
 
 def _lv_reduce(dtype):
-    task = nqfjax.power_law_task(4, 1.0, 0.5)
     return (
-        (lambda eta: nqfjax.lv_reduce(task, eta)[0].r),
-        _arr(0.25, dtype),
-        _arr(0.1, dtype),
+        (lambda a: nqfjax.lv_reduce(nqfjax.power_law_task(4, a, 0.5))[0].r),
+        _arr(1.0, dtype),
+        _arr(1.2, dtype),
     )
 
 
@@ -397,7 +396,7 @@ CASES = (
         "lv_reduce",
         _lv_reduce,
         eager_only=True,
-        note="for a power-law task, `task.lotka_volterra(learning_rate)` traces",
+        note="for a power-law task, `task.lotka_volterra()` traces",
     ),
     Case(
         "switch_on_times",

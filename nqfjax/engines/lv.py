@@ -1,7 +1,11 @@
 r"""The Lotka-Volterra engine: `solve_lv` integrates the reduced system in log
 space, `lv_reduce` finds the reduction of a task (or raises `NotReducibleError`).
 
-$$\frac{d \log m_k}{dt} = r_k - (B m)_k - \delta .$$
+$$\frac{d \log m_k}{ds} = r_k - (B m)_k - \delta - 2\lambda, \qquad
+s = \int_0^t \eta .$$
+
+The system is the task's data in flow time `s`; the learning rate $\eta$ and the
+weight decay $\lambda$ are the solver's arguments, as for `solve_mflow`.
 """
 
 import warnings
@@ -14,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_shape, error_if, is_concrete, positive, renamed_keywords
+from .._checks import (
+    check_shape,
+    error_if,
+    is_concrete,
+    nonnegative,
+    positive,
+    renamed_keywords,
+)
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._integrate import (
@@ -126,6 +137,7 @@ def solve_lv(
     m0: Float[ArrayLike, " p"],
     ts: Float[ArrayLike, " T"],
     learning_rate: Float[ArrayLike, ""] | Callable = 1.0,
+    weight_decay: Float[ArrayLike, ""] = 0.0,
     *,
     momentum: float = 0.0,
     discrete: bool = True,
@@ -141,21 +153,21 @@ def solve_lv(
 ) -> Solution:
     r"""Integrate the Lotka-Volterra system in log space and return it at `ts`.
 
-    Solves $d \log m_k / ds = r_k - (B m)_k - \delta$ with $m = e^{\log m}$, which
-    keeps `m > 0` and stays accurate from initial values like `1e-30`, in float32
-    too. The exponent is clipped before `exp` so that a rejected trial step cannot
-    overflow; the clip is far above any reachable state (`m <= max(m*)`).
+    Solves $d \log m_k / ds = r_k - (B m)_k - \delta - 2\lambda$ with
+    $m = e^{\log m}$, which keeps `m > 0` and stays accurate from initial values
+    like `1e-30`, in float32 too. The exponent is clipped before `exp` so that a
+    rejected trial step cannot overflow; the clip is far above any reachable
+    state (`m <= max(m*)`).
 
-    **Time.** `s` is the system's own time: `lv`'s rates are per unit of it.
-    `learning_rate` maps the steps `ts` to it, $s(t) = \int_0^t \eta$ (the change
-    of clock, see `clock`, whose `momentum` and `discrete` options these are):
-
-    - `learning_rate=1.0` (default): `ts` are times of `lv` itself, e.g. steps of
-      a system built at the learning rate, `lv_reduce(task, eta)`.
-    - a constant or an optax schedule, with `lv` the system at unit learning rate
-      (`lv_reduce(task, 1.0)`): `ts` count the steps of that schedule, and the
-      system is integrated once at unit rate and read off at $s(t)$. A schedule
-      needs concrete `ts`.
+    **Time.** `s` is the system's own time, the flow time: `lv`'s rates are per
+    unit of it (`lv_reduce(task)` gives the system of gradient flow at unit
+    learning rate). `learning_rate` maps the steps `ts` to it,
+    $s(t) = \int_0^t \eta$ (the change of clock, see `clock`, whose `momentum`
+    and `discrete` options these are): `ts` count the steps of gradient descent
+    at that rate, or of that optax schedule, and the system is integrated once at
+    unit rate and read off at $s(t)$. A schedule needs concrete `ts`. The weight
+    decay $\lambda$ on `W` adds $2\lambda$ to the decay per unit of `s` (as in
+    `solve_mflow`, which takes the same two arguments).
 
     **Modes that die.** A mode with `r < 0`, or suppressed by the others, falls
     linearly in log space for ever. Below the log of the smallest normal number
@@ -197,7 +209,10 @@ def solve_lv(
       it a mode would start off.
     - `ts`: output times (in steps), shape `(T,)`, `T >= 1`, strictly increasing
       (also once cast to the system's dtype), `ts[0] >= t0`.
-    - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1).
+    - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1:
+      `ts` are flow times).
+    - `weight_decay`: $\lambda \ge 0$, weight decay on `W` (default 0); the
+      system's own `lv.decay` $\delta$ applies as well.
     - `momentum`, `discrete`: the clock (see `clock`).
     - `t0`: the step at which `m = m0` (default 0; `None` means `ts[0]`).
     - `solver`, `stepsize_controller`, `adjoint`: diffrax objects; `None` is the
@@ -219,8 +234,8 @@ def solve_lv(
     **Raises:** `ValueError` for bad shapes, `m0` not finite or below the
     smallest normal number, `ts` empty, not increasing (or not once cast to the
     system's dtype) or before `t0`, a negative or non-finite tolerance,
-    `learning_rate <= 0` or `max_steps < 1` (traced values: at run time, through
-    `eqx.error_if`).
+    `learning_rate <= 0`, `weight_decay < 0` or `max_steps < 1` (traced values:
+    at run time, through `eqx.error_if`).
     """
     p = lv.p
     m0 = jnp.asarray(m0)
@@ -228,6 +243,8 @@ def solve_lv(
     dtype = jnp.result_type(lv.r.dtype, m0.dtype, float)
     m0 = _check_m0(m0, dtype)
     learning_rate = check_learning_rate(learning_rate, dtype)
+    lam = nonnegative("weight_decay", jnp.asarray(weight_decay, dtype))
+    check_shape("weight_decay", lam, ())
     ts, t_start = check_times(ts, dtype, t0)
     s_start, times, inverse = flow_times(
         learning_rate, ts, t_start, momentum=momentum, discrete=discrete
@@ -246,7 +263,7 @@ def solve_lv(
         scale = jnp.max(jnp.abs(lv.r)) + B_max * jnp.max(m0)
         dt0 = 1e-2 / jnp.maximum(scale, jnp.finfo(dtype).tiny)
     y_max = jnp.asarray(exponent_clip(dtype), dtype)
-    args = (lv.r, lv.interactions, lv.decay, y_max)
+    args = (lv.r, lv.interactions, lv.decay + 2.0 * lam, y_max)
     y, (s_stop, y_stop), stats, result = integrate(
         _LOG_TERM,
         solver,
@@ -428,8 +445,8 @@ def _shared_basis(task, C, dtype, rel, seed):
 @renamed_keywords(eta="learning_rate")
 def lv_reduce(
     task,
-    learning_rate: float,
-    weight_decay: float = 0.0,
+    learning_rate: float | None = None,
+    weight_decay: float | None = None,
     *,
     tol: float | None = None,
     degeneracy_tol: float | None = None,
@@ -442,12 +459,15 @@ def lv_reduce(
     $M(t) = \sum_k m_k(t) u_k u_k^\top$ solves the M-space flow when $M_0$ is
     diagonal in that basis, with
 
-    $$r_k = 4\eta\, u_k^\top C u_k, \qquad
-    B_{kl} = 4\eta\,\langle u_k u_k^\top, K[u_l u_l^\top]\rangle, \qquad
-    \delta = 2\eta\lambda,$$
+    $$r_k = 4\, u_k^\top C u_k, \qquad
+    B_{kl} = 4\,\langle u_k u_k^\top, K[u_l u_l^\top]\rangle,$$
 
-    `loss_scale = 1/(4 eta)` and `loss_offset = E|y|^2/2`, so
-    `lv.loss(m) == task.loss(basis @ diag(m) @ basis.T)`.
+    no decay, `loss_scale = 1/4` and `loss_offset = E|y|^2/2`, so
+    `lv.loss(m) == task.loss(basis @ diag(m) @ basis.T)`. The system is in flow
+    time $s = \int \eta\, dt$: the learning rate and the weight decay are
+    `solve_lv`'s arguments, as they are `solve_mflow`'s, so
+    `solve_lv(lv, m0, ts, learning_rate, weight_decay)` is
+    `solve_mflow(task, M0, ts, learning_rate, weight_decay)` in the modes.
 
     The basis: eigenvectors of `C`; eigenvalues closer than `degeneracy_tol`
     (relative to the largest) form degenerate eigenspaces, inside which the basis
@@ -466,16 +486,16 @@ def lv_reduce(
     is applied `O(p)` times) on concrete arrays; under `jax.jit`, `vmap`, `grad`
     or `shard_map` it raises a `ValueError` saying so. For a `PowerLawTask` the
     standard basis is returned without any search, and
-    `PowerLawTask.lotka_volterra(learning_rate)` gives the system without the
-    `p x p` basis (and under `jit`).
+    `PowerLawTask.lotka_volterra()` gives the system without the `p x p` basis
+    (and under `jit`).
 
     **Arguments:**
 
     - `task`: a `Task`.
-    - `learning_rate`: $\eta > 0$; time counts steps (`lv_reduce(task, 1.0)`
-      for `solve_lv` with a schedule). `eta=` is accepted for one release, with a
-      `DeprecationWarning`.
-    - `weight_decay`: $\lambda \ge 0$ on `W` (default 0).
+    - `learning_rate`, `weight_decay`: deprecated (`DeprecationWarning`; `eta=`
+      too): the system built at them, rates times $\eta$ and decay
+      $2\eta\lambda$, in steps, as in earlier releases. Pass them to `solve_lv`
+      instead.
     - `tol`: the largest accepted relative violation (default 1e-6 in float64,
       1e-3 in float32).
     - `degeneracy_tol`: relative gap below which eigenvalues count as degenerate
@@ -486,8 +506,8 @@ def lv_reduce(
     `(p, p)`, modes as columns, so `m0 = diag(basis^T M0 basis)`.
 
     **Raises:** `NotReducibleError` (a `ValueError`) carrying `.violation` when
-    the violation exceeds `tol`; `ValueError` for `learning_rate <= 0`,
-    `weight_decay < 0` or traced arguments.
+    the violation exceeds `tol`; `ValueError` for a deprecated
+    `learning_rate <= 0` or `weight_decay < 0`, or traced arguments.
     """
     if not isinstance(task, Task):
         raise ValueError(f"`task` must be a Task, got {type(task)}.")
@@ -495,9 +515,19 @@ def lv_reduce(
         raise ValueError(
             "`lv_reduce` runs eagerly (it searches for a basis with numpy); call it "
             "outside jax.jit/vmap/grad. For power-law tasks use "
-            "`task.lotka_volterra(learning_rate)`, which traces."
+            "`task.lotka_volterra()`, which traces."
         )
-    eta_f, lam_f = float(np.asarray(learning_rate)), float(np.asarray(weight_decay))
+    if learning_rate is not None or weight_decay is not None:
+        warnings.warn(
+            "lv_reduce(task, learning_rate, weight_decay) is deprecated: "
+            "lv_reduce(task) returns the system in flow time; pass the learning "
+            "rate and the weight decay to solve_lv(lv, m0, ts, learning_rate, "
+            "weight_decay).",
+            DeprecationWarning,
+            stacklevel=3,  # past renamed_keywords' wrapper
+        )
+    eta_f = 1.0 if learning_rate is None else float(np.asarray(learning_rate))
+    lam_f = 0.0 if weight_decay is None else float(np.asarray(weight_decay))
     if not (np.isfinite(eta_f) and eta_f > 0):
         raise ValueError(f"`learning_rate` must be > 0 and finite, got {eta_f}.")
     if not (np.isfinite(lam_f) and lam_f >= 0):

@@ -140,9 +140,9 @@ def _solve_mflow_curve(task, M0, ts, eta, weight_decay, solver, max_steps):
     return sol.ys, sol.loss
 
 
-def _solve_lv_curve(lv, m0, ts, max_steps):
+def _solve_lv_curve(lv, m0, ts, eta, weight_decay, max_steps):
     """`m(ts)` and the loss along it from the Lotka-Volterra system."""
-    sol = solve_lv(lv, m0, ts, max_steps=max_steps)
+    sol = solve_lv(lv, m0, ts, eta, weight_decay, max_steps=max_steps)
     return sol.ys, sol.loss
 
 
@@ -153,7 +153,7 @@ def _reduce(task, eta, weight_decay, engine, tol):
     if engine == "mflow":
         return None, None, float("nan"), float("nan")
     try:
-        lv, basis = lv_reduce(task, eta, weight_decay, tol=tol)
+        lv, basis = lv_reduce(task, tol=tol)
         used_tol = tol if tol is not None else float("nan")
         return lv, basis, 0.0, used_tol
     except NotReducibleError as e:
@@ -161,7 +161,7 @@ def _reduce(task, eta, weight_decay, engine, tol):
             raise
         if engine == "auto":
             return None, None, e.violation, e.tol
-        lv, basis = lv_reduce(task, eta, weight_decay, tol=np.inf)
+        lv, basis = lv_reduce(task, tol=np.inf)
         return lv, basis, e.violation, e.tol
 
 
@@ -169,7 +169,7 @@ def _exact_violation(task, eta, weight_decay, tol):
     """The violation of an accepted reduction, measured again at `tol = 0`
     (`lv_reduce` reports it only when it refuses)."""
     try:
-        lv_reduce(task, eta, weight_decay, tol=0.0)
+        lv_reduce(task, tol=0.0)
     except NotReducibleError as e:
         return e.violation
     return 0.0
@@ -370,7 +370,7 @@ def predict(
         )
     else:
         m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
-        m, loss = _solve_lv_curve(lv, m0, ts, max_steps)
+        m, loss = _solve_lv_curve(lv, m0, ts, eta, weight_decay, max_steps)
         m = np.asarray(m, np.float64)
         order = np.argsort(-m[-1], kind="stable")
         vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]

@@ -213,7 +213,7 @@ def weight_spectrum(
     ```python
     res = nqfjax.train(structure, xs, ys, num_steps=N, learning_rate=eta,
                        key=key, init_scale=sigma, width=m, record_at=steps)
-    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys), eta)
+    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys))
     spec = nqfjax.weight_spectrum(res.ts, res.M, width=m, init_scale=sigma,
                                   basis=basis)
     ```
