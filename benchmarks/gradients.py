@@ -154,7 +154,10 @@ def make_loss(B_diag, B_factor, eps, T, *, dense=False):
     def F(theta, atol, adjoint=diffrax.RecursiveCheckpointAdjoint()):
         lv, m0 = _start(theta, B_diag, B_factor, eps, dense)
         ts = jnp.full((1,), T, theta.dtype)
-        m = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=atol, adjoint=adjoint).ys[-1]
+        control = nqfjax.lv_stepsize_controller(atol, rtol=0.0)
+        m = nqfjax.solve_lv(
+            lv, m0, ts, stepsize_controller=control, adjoint=adjoint
+        ).ys[-1]
         return _objective(m, theta[2:], B)
 
     return F

@@ -68,7 +68,12 @@ from _common import (  # noqa: E402
     write_json,
 )
 
-from nqfjax import LotkaVolterra, solve_lv, solve_lv_batch  # noqa: E402
+from nqfjax import (  # noqa: E402
+    LotkaVolterra,
+    lv_stepsize_controller,
+    solve_lv,
+    solve_lv_batch,
+)
 
 
 TARGET_RATIO = 5.0  # issue 7: nqfjax >= 5x faster than LSODA at equal accuracy
@@ -101,7 +106,8 @@ def nqfjax_batch(lv, ts, solver=None):
     ts = jnp.asarray(ts)
 
     def one(m0, atol):
-        sol = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=atol)
+        control = lv_stepsize_controller(atol, rtol=0.0)
+        sol = solve_lv(lv, m0, ts, solver=solver, stepsize_controller=control)
         return sol.ys, sol.stats["num_steps"]
 
     return jax.jit(jax.vmap(one, in_axes=(0, None)))

@@ -14,7 +14,7 @@ Each row times, at the same horizon and 100 log-spaced records:
   along it, from `M0 = W0 W0^T` (the prediction of
   `predict(engine=nqfjax.MFlowEngine(solver=diffrax.Tsit5()))`);
 - LV: the approximate reduction of `predict(engine=nqfjax.ApproximateLVEngine())`:
-  `lv_reduce(task, eta, tol=inf)` (a one-off cost, printed apart) and
+  `lv_reduce(task, tol=inf)` (a one-off cost, printed apart) and
   `solve_lv` from `diag(U^T M0 U)`.
 
 Each engine is compiled once per size (compile printed apart, not in the
@@ -116,7 +116,7 @@ def one_size(n: int, p: int, repeats: int, w_budget: float) -> dict:
     M0 = W0 @ W0.T
 
     task_s, task = time_call(lambda: nqfjax.task_from_samples(structure, xs, ys))
-    reduce_s, (lv, basis) = time_call(lambda: nqfjax.lv_reduce(task, eta, tol=np.inf))
+    reduce_s, (lv, basis) = time_call(lambda: nqfjax.lv_reduce(task, tol=np.inf))
     m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
 
     # W-space: a first timed probe decides between the full horizon and the
@@ -135,7 +135,7 @@ def one_size(n: int, p: int, repeats: int, w_budget: float) -> dict:
         return sol.loss, sol.stats["num_steps"]
 
     def lv_flow(lv, m0, ts):
-        sol = nqfjax.solve_lv(lv, m0, ts)
+        sol = nqfjax.solve_lv(lv, m0, ts, eta)
         return sol.loss, sol.stats["num_steps"]
 
     engines = {

@@ -40,6 +40,7 @@ from .engines.clock import (
 from .engines.lv import (
     NotReducibleError as NotReducibleError,
     lv_reduce as lv_reduce,
+    lv_stepsize_controller as lv_stepsize_controller,
     solve_lv as solve_lv,
     solve_lv_schedule as solve_lv_schedule,
 )

@@ -16,6 +16,7 @@ removed by Richardson extrapolation, 2 L_GD(eta/2, 2s) - L_GD(eta, s), which
 leaves O(eta^2).
 """
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +35,9 @@ N_STEPS = int(T_FLOW / ETA)
 RECORD = np.r_[0, np.unique(np.rint(np.geomspace(1, N_STEPS, 100)).astype(int))]
 # Tight solver tolerances: near 1e-8 of the initial loss the curve is set by modes
 # of size ~1e-8, and the default 1e-9 tolerances leave ~1e-3 there (measured).
-TOL = dict(rtol=1e-12, atol=1e-12)
+# rtol = atol = 1e-12, each engine in its own norm
+TOL = dict(stepsize_controller=nqfjax.lv_stepsize_controller(1e-12, rtol=1e-12))
+TOL_MFLOW = dict(stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))
 
 
 def _sign_symmetric(base, scales):
@@ -53,7 +56,7 @@ def quadratic():
     ys = np.einsum("si,ij,sj->s", xs, M_star, xs)[:, None]
     structure = nqfjax.QuadraticNet(d=D)
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv, basis = nqfjax.lv_reduce(task, ETA)
+    lv, basis = nqfjax.lv_reduce(task)  # in flow time: solve_lv takes ETA
     return structure, jnp.asarray(xs), jnp.asarray(ys), task, lv, np.asarray(basis)
 
 
@@ -90,10 +93,10 @@ def test_three_engines_aligned_quadratic_net(quadratic):
     M0 = W0 @ W0.T
     ts = jnp.asarray(RECORD, jnp.float64)
 
-    L_flow = np.asarray(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL).loss)
+    L_flow = np.asarray(nqfjax.solve_mflow(task, M0, ts, ETA, **TOL_MFLOW).loss)
     m0 = np.diag(basis.T @ M0 @ basis)
     np.testing.assert_allclose(m0, eps, rtol=1e-12)
-    L_lv = np.asarray(nqfjax.solve_lv(lv, m0, ts, **TOL).loss)
+    L_lv = np.asarray(nqfjax.solve_lv(lv, m0, ts, ETA, **TOL).loss)
     coarse, fine, L_gd = _gd_richardson(structure, xs, ys, W0)
 
     # the curve really has two sudden drops and falls below 1e-3 of its start
@@ -123,7 +126,7 @@ def test_not_reducible_but_mflow_matches_w_space(quadratic):
     M_star = np.diag([1.0, 0.8, 0.0, 0.0])
     assert np.linalg.norm(S @ M_star - M_star @ S) > 0.1
     with pytest.raises(nqfjax.NotReducibleError) as err:
-        nqfjax.lv_reduce(nqfjax.gaussian_quadratic_task(S, M_star), ETA)
+        nqfjax.lv_reduce(nqfjax.gaussian_quadratic_task(S, M_star))
     assert err.value.violation > 1e-2  # far above the 1e-6 tolerance
 
     # same n and d as the reducible fixture: the compiled solvers are reused
@@ -131,11 +134,13 @@ def test_not_reducible_but_mflow_matches_w_space(quadratic):
     ys = np.einsum("si,ij,sj->s", xs, M_star, xs)[:, None]
     task = nqfjax.task_from_samples(structure, xs, ys)
     with pytest.raises(nqfjax.NotReducibleError):
-        nqfjax.lv_reduce(task, ETA)
+        nqfjax.lv_reduce(task)
     W0 = 1e-3 * rng.normal(size=(D, D))  # random init, M0 generic
     M0 = W0 @ W0.T
     L_flow = np.asarray(
-        nqfjax.solve_mflow(task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL).loss
+        nqfjax.solve_mflow(
+            task, M0, jnp.asarray(RECORD, jnp.float64), ETA, **TOL_MFLOW
+        ).loss
     )
     _, _, L_gd = _gd_richardson(structure, jnp.asarray(xs), jnp.asarray(ys), W0)
     assert L_flow[-1] < 0.1 * L_flow[0]  # something was learned
@@ -167,7 +172,7 @@ def perceptron():
     ys = xs @ (U @ np.diag(sig) @ V.T).T
     structure = nqfjax.Perceptron(d=d, k=k)
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv, basis = nqfjax.lv_reduce(task, PERCEPTRON_ETA)
+    lv, basis = nqfjax.lv_reduce(task)  # in flow time
     # plateaus of the staircase: the first j singular values learned (c = 1)
     plateaus = np.array([0.5 * np.sum(sig[j:] ** 2) for j in range(4)])
     return structure, xs, ys, task, lv, np.asarray(basis), sig, plateaus
@@ -187,9 +192,9 @@ def _crossings(ts, L, levels):
 
 def test_whitened_tanh_perceptron_matches_lv(perceptron):
     structure, xs, ys, task, lv, basis, sig, plateaus = perceptron
-    # the reduction: r = 2 eta c sigma_s for the (a_s, b_s)/sqrt2 modes, -r for
-    # (a_s, -b_s)/sqrt2 (ordered by decreasing r)
-    r = 2 * PERCEPTRON_ETA * sig
+    # the reduction: r = 2 c sigma_s (flow time) for the (a_s, b_s)/sqrt2 modes,
+    # -r for (a_s, -b_s)/sqrt2 (ordered by decreasing r)
+    r = 2 * sig
     np.testing.assert_allclose(lv.r, np.r_[r, -r[::-1]], rtol=1e-10)
 
     # real tanh network, random isotropic init of scale 1e-4. Width 100: the
@@ -213,7 +218,9 @@ def test_whitened_tanh_perceptron_matches_lv(perceptron):
     )
     L_w = np.asarray(res.loss)
     m0 = np.diag(basis.T @ M0 @ basis)  # LV from the diagonal of the same M0
-    L_lv = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float)).loss)
+    L_lv = np.asarray(
+        nqfjax.solve_lv(lv, m0, jnp.asarray(record, float), PERCEPTRON_ETA).loss
+    )
     np.testing.assert_allclose(L_w[0], L_lv[0], rtol=1e-8)  # same start (+O(W^4))
     np.testing.assert_allclose(L_lv[0], plateaus[0], rtol=1e-4)
 
@@ -267,7 +274,9 @@ def test_unaligned_init_gap_shrinks_with_scale(perceptron):
     gaps = []
     for i, s in enumerate(np.asarray(scales)):
         m0 = np.diag(basis.T @ (s**2 * Z @ Z.T) @ basis)
-        L_lv = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(record, float)).loss)
+        L_lv = np.asarray(
+            nqfjax.solve_lv(lv, m0, jnp.asarray(record, float), PERCEPTRON_ETA).loss
+        )
         t_w = _crossings(record, np.asarray(res.loss[i]), levels)
         t_lv = _crossings(record, L_lv, levels)
         gaps.append(np.max(np.abs(t_w / t_lv - 1)))

@@ -178,7 +178,13 @@ def test_matches_long_training(sampled):
     ts = jnp.asarray([float(steps)])
     # explicit Tsit5: not stiff at this eta, and a third of Kvaerno5's cost here
     M_flow = nqfjax.solve_mflow(
-        task, M0, ts, eta, lam, solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10
+        task,
+        M0,
+        ts,
+        eta,
+        lam,
+        solver=diffrax.Tsit5(),
+        stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10),
     ).ys[-1]
     err = float(jnp.linalg.norm(M_flow - full.M) / jnp.linalg.norm(full.M))
     assert err < 1e-4, err

@@ -297,10 +297,12 @@ def _power_law_lv():
     """The power-law LV system of docs/theory/power-laws.md (`4 eta = 1`), with the
     modes beyond `P` kept as a constant of the loss (Hurwitz zeta), as in
     test_power_law.py."""
-    lv = nqfjax.power_law_task(P, ALPHA, BETA).lotka_volterra(ETA)
+    lv = nqfjax.power_law_task(P, ALPHA, BETA).lotka_volterra()  # flow time
     tail = 0.5 * scipy.special.zeta(ALPHA + 2 * BETA, P + 1)
-    return nqfjax.LotkaVolterra(
-        lv.r, lv.interactions.as_matrix(), loss_offset=lv.loss_offset + tail
+    return nqfjax.LotkaVolterra(  # in steps of ETA (4 ETA = 1: exact)
+        ETA * lv.r,
+        ETA * lv.interactions.as_matrix(),
+        loss_offset=lv.loss_offset + tail,
     )
 
 

@@ -231,8 +231,9 @@ def long_spectrum_curve():
     integrated by `solve_lv` (diagonal B: O(p) per step) up to t = 1e6, where
     modes up to k ~ 900 have switched on: far beyond a 200-mode model."""
     ts = np.geomspace(1.0, 1e6, 100)
-    lv = nqfjax.power_law_task(LV_P, LV_ALPHA, LV_BETA).lotka_volterra(0.25)
-    m = np.asarray(nqfjax.solve_lv(lv, jnp.full(LV_P, LV_EPS), jnp.asarray(ts)).ys)
+    lv = nqfjax.power_law_task(LV_P, LV_ALPHA, LV_BETA).lotka_volterra()
+    m0 = jnp.full(LV_P, LV_EPS)
+    m = np.asarray(nqfjax.solve_lv(lv, m0, jnp.asarray(ts), 0.25).ys)
     k = np.arange(1, LV_P + 1, dtype=np.float64)
     # the loss as a sum of positive terms (lv.loss subtracts large numbers)
     loss = 0.5 * np.sum(k**-LV_ALPHA * (k**-LV_BETA - m) ** 2, axis=1)
@@ -470,3 +471,24 @@ def test_two_mode_curve_is_a_staircase_without_power_law():
         assert "beta" in spec["reason"] or "rms" in spec["reason"], spec
     else:  # an accepted spectrum fits to within 3 times the 3% noise
         assert spec["beta"] >= 0 and spec["rms_log"] < 0.09, spec
+
+
+@pytest.mark.slow  # compiles the solve_lv fit (forward mode through every mode)
+def test_fit_spectrum_deprecated_tolerances_same_numbers():
+    """`rtol`/`atol` (deprecated) warn naming the controller to pass and give
+    exactly the fit of `stepsize_controller=lv_stepsize_controller(atol,
+    rtol=rtol)`; on a noiseless curve of the model (closed-form logistic modes)
+    started at the truth, the `solve_lv` fit stays at the truth."""
+    ts = np.geomspace(1.0, 3e4, 40)
+    theta = np.array([1.5, 0.4, np.log(1e-8), np.log(0.02), np.log(0.3)])
+    loss = np.asarray(_spectrum(theta, 2).loss(ts))
+    kw = dict(p=2, method="solve_lv", starts=theta[None], steps=1, polish=10)
+    with pytest.warns(DeprecationWarning, match="lv_stepsize_controller"):
+        old = nqfjax.fit_spectrum(ts, loss, rtol=1e-8, atol=1e-8, **kw)
+    control = nqfjax.lv_stepsize_controller(1e-8, rtol=1e-8)
+    new = nqfjax.fit_spectrum(ts, loss, stepsize_controller=control, **kw)
+    np.testing.assert_array_equal(old.theta, new.theta)
+    np.testing.assert_allclose(new.theta, theta, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="not both"):
+        with pytest.warns(DeprecationWarning):
+            nqfjax.fit_spectrum(ts, loss, stepsize_controller=control, atol=1e-8, **kw)

@@ -97,14 +97,14 @@ def test_lv_reduce_and_solve_lv(whitened, tasks):
     ts = np.geomspace(1.0, 5000.0, 50)
     task32, task64 = tasks
     with float32():
-        lv32, basis32 = nqfjax.lv_reduce(task32, 1.0)
+        lv32, basis32 = nqfjax.lv_reduce(task32)
         m0 = jnp.diag(basis32.T @ M0 @ basis32)
         L32 = lv32.loss(values(nqfjax.solve_lv(lv32, m0, ts)))
     assert L32.dtype == jnp.float32
 
     # float64 reference: the float64 reduction integrated by scipy (Radau, log
     # space, 1e-10; it agrees with float64 solve_lv to 6e-10 of m)
-    lv, basis = nqfjax.lv_reduce(task64, 1.0)
+    lv, basis = nqfjax.lv_reduce(task64)
     m0 = np.diag(np.asarray(basis).T @ M0 @ np.asarray(basis))
     r, B = np.asarray(lv.r), np.asarray(lv.interactions.as_matrix())
     sol = scipy.integrate.solve_ivp(

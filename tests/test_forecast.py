@@ -29,13 +29,15 @@ def _task_curve(p, alpha, beta, t_end_factor):
     (`r_k = k^-(alpha+beta)`, `B_kk = k^-alpha`) from `m_k(0) = EPS`, on 300
     log-spaced times from half the first switch-on to `t_end_factor` times the
     last; the modes' half-way times (`m_k = m*_k / 2`), measured on a fine grid."""
-    lv = nqfjax.power_law_task(p, alpha, beta).lotka_volterra(0.25)
+    lv = nqfjax.power_law_task(p, alpha, beta).lotka_volterra()  # flow time
     k = np.arange(1, p + 1.0)
     t_on = np.log(k**-beta / EPS) * k ** (alpha + beta)  # sharp switch-on times
     ts = np.geomspace(t_on[0] / 2, t_end_factor * t_on[-1], 300)
     fine = np.geomspace(ts[0], ts[-1], 3000)
     m = np.asarray(
-        _solve_modes(lv.r, jnp.diag(lv.interactions.as_matrix()), jnp.asarray(fine))
+        _solve_modes(  # per step at learning rate 1/4 (exact: 4 x 1/4 = 1)
+            0.25 * lv.r, 0.25 * lv.interactions.diagonal(), jnp.asarray(fine)
+        )
     )
     half = np.array([np.interp(0.5, m[:, j] / k[j] ** -beta, fine) for j in range(p)])
     loss = 0.5 * np.sum(k**-alpha * (k**-beta - m) ** 2, axis=1)

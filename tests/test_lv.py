@@ -19,6 +19,8 @@ from nqfjax import NotReducibleError
 
 
 P, NT, TOL = 5, 64, 1e-10
+# rtol = atol = TOL, in solve_lv's max norm on log m
+CTRL = nqfjax.lv_stepsize_controller(TOL, rtol=TOL)
 
 
 def _orth(rng, d):
@@ -26,7 +28,7 @@ def _orth(rng, d):
 
 
 def _solve(lv, m0, ts, **kw):
-    return nqfjax.solve_lv(lv, m0, ts, rtol=TOL, atol=TOL, **kw).ys
+    return nqfjax.solve_lv(lv, m0, ts, stepsize_controller=CTRL, **kw).ys
 
 
 def _logistic(t, r, mstar, eps):
@@ -59,19 +61,20 @@ def _quadratic_commuting(rng, d=P, theta=0.0):
 
 def test_perceptron_modes_are_logistic():
     """Whitened perceptron: each singular value of E[y x^T] = T gives a logistic
-    mode along (a_s, b_s)/sqrt2 with r = 2 eta c sigma, m* = 2 sigma / c, and
-    solve_lv reproduces the logistic closed form."""
+    mode along (a_s, b_s)/sqrt2 with r = 2 c sigma per unit of flow time,
+    m* = 2 sigma / c, and solve_lv at `eta` reproduces the logistic closed form
+    in steps (rate 2 eta c sigma)."""
     rng = np.random.default_rng(1)
     k, d, eta, c = 2, 3, 0.1, 1.0
     a, b = _orth(rng, k), _orth(rng, d)
     sig = np.array([2.0, 0.5])
     T = a @ np.diag(sig) @ b[:k]
     task = nqfjax.gaussian_perceptron_task(jnp.asarray(T), slope=c)
-    lv, U = nqfjax.lv_reduce(task, eta)
+    lv, U = nqfjax.lv_reduce(task)
     r, B = np.asarray(lv.r), np.asarray(lv.interactions.as_matrix())
     # exact arithmetic up to eigh roundoff (~1e-15)
-    np.testing.assert_allclose(r[:2], 2 * eta * c * sig, rtol=1e-12)
-    np.testing.assert_allclose(np.diag(B)[:2], eta * c**2, rtol=1e-12)
+    np.testing.assert_allclose(r[:2], 2 * c * sig, rtol=1e-12)
+    np.testing.assert_allclose(np.diag(B)[:2], c**2, rtol=1e-12)
     for s in range(2):
         u = np.concatenate([a[:, s], b[s]]) / np.sqrt(2)
         assert abs(abs(np.dot(u, np.asarray(U[:, s]))) - 1) < 1e-12
@@ -81,7 +84,7 @@ def test_perceptron_modes_are_logistic():
     m0 = np.full(k + d, 1e-30)
     m0[:2] = eps
     ts = np.linspace(0.0, 300.0, NT)
-    m = np.asarray(_solve(lv, jnp.asarray(m0), jnp.asarray(ts)))
+    m = np.asarray(_solve(lv, jnp.asarray(m0), jnp.asarray(ts), learning_rate=eta))
     mstar = 2 * sig / c
     for s in range(2):
         exact = _logistic(ts, 2 * eta * c * sig[s], mstar[s], eps[s])
@@ -98,11 +101,11 @@ def test_perceptron_degenerate_singular_values():
     a, b = _orth(rng, 3), _orth(rng, 3)
     T = 1.5 * (np.outer(a[:, 0], b[:, 0]) + np.outer(a[:, 1], b[:, 1]))
     task = nqfjax.gaussian_perceptron_task(jnp.asarray(T))
-    lv, U = nqfjax.lv_reduce(task, 0.1)
+    lv, U = nqfjax.lv_reduce(task)
     np.testing.assert_allclose(np.asarray(U.T @ U), np.eye(6), atol=1e-12)
-    # two modes with r = 2 eta c sigma = 0.3, two with -0.3, two in the null space
+    # two modes with r = 2 c sigma = 3, two with -3, two in the null space
     np.testing.assert_allclose(
-        np.sort(np.asarray(lv.r)), [-0.3, -0.3, 0, 0, 0.3, 0.3], atol=1e-12
+        np.sort(np.asarray(lv.r)), [-3, -3, 0, 0, 3, 3], atol=1e-11
     )
     m = jnp.asarray(rng.uniform(0, 2, 6))
     M = U @ jnp.diag(m) @ U.T
@@ -115,9 +118,8 @@ def test_perceptron_degenerate_singular_values():
 
 def test_lv_loss_equals_task_loss():
     """lv.loss(m) == task.loss(U diag(m) U^T) for the reducible tasks, and the
-    quadratic network's B is 4 eta (2 diag(s^2) + s s^T)."""
+    quadratic network's B is 4 (2 diag(s^2) + s s^T) in flow time."""
     rng = np.random.default_rng(3)
-    eta = 0.05
     quad = _quadratic_commuting(rng)
     tasks = [
         quad,
@@ -125,19 +127,19 @@ def test_lv_loss_equals_task_loss():
         nqfjax.power_law_task(6, 1.5, 0.5),
     ]
     for task in tasks:
-        lv, U = nqfjax.lv_reduce(task, eta, 0.3)
-        assert float(lv.decay) == pytest.approx(2 * eta * 0.3, rel=1e-15)
+        lv, U = nqfjax.lv_reduce(task)
+        assert float(lv.decay) == 0.0
         for _ in range(3):
             m = jnp.asarray(rng.uniform(0, 3, task.p))
             # roundoff only
             np.testing.assert_allclose(
                 lv.loss(m), task.loss(U @ jnp.diag(m) @ U.T), rtol=1e-11
             )
-    lv, U = nqfjax.lv_reduce(quad, eta)
+    lv, U = nqfjax.lv_reduce(quad)
     s = np.einsum("ik,ij,jk->k", np.asarray(U), np.asarray(quad.covariance), U)
     np.testing.assert_allclose(
         np.asarray(lv.interactions.as_matrix()),
-        4 * eta * (2 * np.diag(s**2) + np.outer(s, s)),
+        4 * (2 * np.diag(s**2) + np.outer(s, s)),
         rtol=1e-11,
     )
 
@@ -148,10 +150,10 @@ def test_quadratic_isotropic_degenerate_reduces():
     rng = np.random.default_rng(4)
     Q = _orth(rng, P)
     task = nqfjax.gaussian_quadratic_task(jnp.eye(P), Q * [2.0, 1.0, 0, 0, 0] @ Q.T)
-    lv, U = nqfjax.lv_reduce(task, 0.1, tol=1e-12)
-    # r_k = 4 eta (2 mu_k + Tr M*) for S = I
+    lv, U = nqfjax.lv_reduce(task, tol=1e-12)
+    # r_k = 4 (2 mu_k + Tr M*) for S = I
     np.testing.assert_allclose(
-        np.asarray(lv.r), 0.4 * (2 * np.array([2, 1, 0, 0, 0]) + 3), rtol=1e-12
+        np.asarray(lv.r), 4 * (2 * np.array([2, 1, 0, 0, 0]) + 3), rtol=1e-12
     )
 
 
@@ -164,7 +166,7 @@ def test_not_reducible_error():
     for theta in (0.01, 0.02, 0.04):
         task = _quadratic_commuting(np.random.default_rng(5), theta=theta)
         with pytest.raises(NotReducibleError, match="violation") as info:
-            nqfjax.lv_reduce(task, 0.1)
+            nqfjax.lv_reduce(task)
         # the message reports the measured violation and the tolerance it broke,
         # the same numbers the exception carries
         err = info.value
@@ -177,9 +179,7 @@ def test_not_reducible_error():
     # first order in theta: doubling the angle doubles it (second-order terms
     # are O(theta) ~ 4% relative at theta = 0.04)
     np.testing.assert_allclose(v[1:] / v[:-1], 2.0, rtol=0.05)
-    lv, _ = nqfjax.lv_reduce(
-        _quadratic_commuting(np.random.default_rng(5)), 0.1, tol=1e-13
-    )
+    lv, _ = nqfjax.lv_reduce(_quadratic_commuting(np.random.default_rng(5)), tol=1e-13)
 
 
 def test_solve_lv_matches_scipy_lsoda():
@@ -247,13 +247,13 @@ def test_solve_lv_float32_from_1e30():
     task32 = nqfjax.gaussian_quadratic_task(
         task.covariance.astype(jnp.float32), task.M_star.astype(jnp.float32)
     )
-    lv32, _ = nqfjax.lv_reduce(task32, 0.05)
-    lv, _ = nqfjax.lv_reduce(task, 0.05)
+    lv32, _ = nqfjax.lv_reduce(task32)
+    lv, _ = nqfjax.lv_reduce(task)
     ts = np.linspace(0.0, 1500.0, NT)
     m32 = nqfjax.solve_lv(
-        lv32, jnp.full(P, eps, jnp.float32), jnp.asarray(ts, jnp.float32)
+        lv32, jnp.full(P, eps, jnp.float32), jnp.asarray(ts, jnp.float32), 0.05
     ).ys
-    m64 = _solve(lv, jnp.full(P, eps), jnp.asarray(ts))
+    m64 = _solve(lv, jnp.full(P, eps), jnp.asarray(ts), learning_rate=0.05)
     assert np.max(np.asarray(m64[-1])) == pytest.approx(3.0, rel=1e-3)
     np.testing.assert_allclose(m32, m64, rtol=1e-3)
 
@@ -305,7 +305,7 @@ def test_solve_lv_vmap_and_failure():
     tsit = diffrax.Tsit5()
     batched = jax.vmap(
         lambda m0: nqfjax.solve_lv(
-            lv, m0, ts, rtol=TOL, atol=TOL, throw=False, solver=tsit
+            lv, m0, ts, stepsize_controller=CTRL, throw=False, solver=tsit
         )
     )(m0s)
     assert batched.ys.shape == (2, NT, P) and batched.loss.shape == (2, NT)
@@ -349,18 +349,23 @@ def test_solve_lv_bad_input():
 def test_lv_reduce_bad_input():
     task = nqfjax.power_law_task(4, 1.0, 0.5)
     quad = _quadratic_commuting(np.random.default_rng(11))
-    for eta in (0.0, -1.0, np.nan):
+    for eta in (0.0, -1.0, np.nan):  # the deprecated arguments are still checked
         with pytest.raises(ValueError, match="learning_rate"):
-            nqfjax.lv_reduce(quad, eta)
+            with pytest.warns(DeprecationWarning):
+                nqfjax.lv_reduce(quad, eta)
     with pytest.raises(ValueError, match="weight_decay"):
-        nqfjax.lv_reduce(quad, 0.1, -0.5)
+        with pytest.warns(DeprecationWarning):
+            nqfjax.lv_reduce(quad, 0.1, -0.5)
     with pytest.raises(ValueError, match="eagerly"):
-        jax.jit(lambda e: nqfjax.lv_reduce(quad, e)[0].r)(0.1)
+        jax.jit(lambda a: nqfjax.lv_reduce(nqfjax.power_law_task(4, a, 0.5))[0].r)(1.0)
     with pytest.raises(ValueError, match="Task"):
-        nqfjax.lv_reduce(np.eye(3), 0.1)
+        nqfjax.lv_reduce(np.eye(3))
     # the power-law shortcut traces (no basis search)
-    r = jax.jit(lambda e: task.lotka_volterra(e).r)(0.25)
-    np.testing.assert_allclose(r, np.arange(1, 5.0) ** -1.5, rtol=1e-14)
+    r = jax.jit(lambda a: nqfjax.power_law_task(4, a, 0.5).lotka_volterra().r)(1.0)
+    np.testing.assert_allclose(r, 4 * np.arange(1, 5.0) ** -1.5, rtol=1e-14)
+    for kw, name in ((dict(weight_decay=-0.5), "weight_decay"),):
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(task.lotka_volterra(), jnp.ones(4), jnp.ones(1), **kw)
 
 
 def test_solve_lv_decay_closed_form():
@@ -375,6 +380,10 @@ def test_solve_lv_decay_closed_form():
         exact = _logistic(ts, rs[i] - delta, (rs[i] - delta) / b, eps)
         np.testing.assert_allclose(m[:, i], exact, rtol=1e-6)
     np.testing.assert_allclose(lv.fixed_point_isolated(), (rs - delta) / b)
+    # the weight decay of a run adds 2 weight_decay to the system's decay
+    plain = nqfjax.LotkaVolterra(jnp.asarray(rs), jnp.diag(jnp.full(P, b)))
+    m_wd = _solve(plain, jnp.full(P, eps), jnp.asarray(ts), weight_decay=delta / 2)
+    np.testing.assert_array_equal(m_wd, m)
 
 
 # --------------------------------------------------------------------------------
@@ -471,11 +480,12 @@ def test_max_steps_reached_names_the_moving_modes():
 def test_bad_tolerances_refused():
     """Issue 13: one logistic mode with rtol = -1 came back 5000% off, with
     atol = -1 25% off. Every negative or non-finite tolerance (and rtol = atol =
-    0) is refused naming it, eagerly, in a given controller and under jit; good
-    tolerances give the closed form."""
+    0) is refused naming it: by `lv_stepsize_controller`, in a given controller
+    eagerly and under jit; good tolerances give the closed form."""
     lv = nqfjax.LotkaVolterra(jnp.array([0.5]), jnp.array([[0.5]]))
     m0, ts = jnp.array([1e-6]), jnp.linspace(1.0, 60.0, 8)
-    good = nqfjax.solve_lv(lv, m0, ts, rtol=0.0, atol=1e-10).ys[:, 0]
+    ctrl = nqfjax.lv_stepsize_controller(1e-10, rtol=0.0)
+    good = nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl).ys[:, 0]
     np.testing.assert_allclose(
         good, _logistic(np.asarray(ts), 0.5, 1.0, 1e-6), rtol=1e-7
     )
@@ -485,20 +495,41 @@ def test_bad_tolerances_refused():
         (dict(rtol=np.nan), "rtol"),
         (dict(atol=np.inf), "atol"),
         (dict(rtol=0.0, atol=0.0), "both be 0"),
-        (dict(stepsize_controller=diffrax.PIDController(rtol=-1.0, atol=1e-6)), "rtol"),
-        (
-            dict(stepsize_controller=diffrax.PIDController(rtol=0, atol=1), atol=1.0),
-            "not both",
-        ),
     ]
     for kw, name in bad:
         with pytest.raises(ValueError, match=name):
-            nqfjax.solve_lv(lv, m0, ts, **kw)
+            nqfjax.lv_stepsize_controller(**kw)
+        control = diffrax.PIDController(**{"rtol": 1e-6, "atol": 1e-6, **kw})
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(lv, m0, ts, stepsize_controller=control)
         # a closed-over tolerance is concrete under jit: the same eager error
         with pytest.raises(ValueError, match=name):
-            jax.jit(lambda m0, kw=kw: nqfjax.solve_lv(lv, m0, ts, **kw).ys)(m0)
+            jax.jit(
+                lambda m0, c=control: (
+                    nqfjax.solve_lv(lv, m0, ts, stepsize_controller=c).ys
+                )
+            )(m0)
+    with pytest.raises(ValueError, match="not both"):
+        with pytest.warns(DeprecationWarning):
+            nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl, atol=1.0)
+    for kw, name in (
+        (dict(solver=diffrax.ConstantStepSize()), "solver"),
+        (dict(adjoint=diffrax.Tsit5()), "adjoint"),
+        (dict(stepsize_controller=diffrax.Tsit5()), "stepsize_controller"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_lv(lv, m0, ts, **kw)
     # traced tolerances are checked when the solve runs
-    f = jax.jit(lambda rtol, atol: nqfjax.solve_lv(lv, m0, ts, rtol=rtol, atol=atol).ys)
+    f = jax.jit(
+        lambda rtol, atol: (
+            nqfjax.solve_lv(
+                lv,
+                m0,
+                ts,
+                stepsize_controller=nqfjax.lv_stepsize_controller(atol, rtol=rtol),
+            ).ys
+        )
+    )
     with pytest.raises(RuntimeError, match="rtol"):
         f(-1.0, 1e-9)
     with pytest.raises(RuntimeError, match="atol"):
@@ -540,7 +571,7 @@ def test_solve_lv_learning_rate_is_a_clock():
     lv_eta = nqfjax.LotkaVolterra(eta * lv.r, eta * lv.interactions.as_matrix())
     m0 = jnp.full(P, 1e-6)
     ts = jnp.linspace(0.0, 400.0, NT)
-    on_clock = nqfjax.solve_lv(lv, m0, ts, eta, rtol=TOL, atol=TOL).ys
+    on_clock = nqfjax.solve_lv(lv, m0, ts, eta, stepsize_controller=CTRL).ys
     # two different systems and step sequences, each at 1e-10 per step
     np.testing.assert_allclose(on_clock, _solve(lv_eta, m0, ts), rtol=1e-6)
 
@@ -561,29 +592,86 @@ def test_solve_lv_learning_rate_is_a_clock():
             jnp.asarray(N),
             rate,
             momentum=momentum,
-            rtol=TOL,
-            atol=TOL,
+            stepsize_controller=CTRL,
         ).ys
         exact = np.stack([_logistic(s, r[k], r[k] / b[k], 1e-8) for k in range(P)], 1)
         assert exact[-1, 0] > 0.5 * r[0] / b[0], name  # a mode switched on
         np.testing.assert_allclose(m, exact, rtol=1e-6, err_msg=name)
 
 
-def test_renamed_learning_rate_keywords_warn():
-    """`eta=` (the old name) still works for one release, with a
-    DeprecationWarning, and gives the same system; both names at once is an
-    error."""
+def test_learning_rate_and_weight_decay_have_one_home():
+    """`lv_reduce(task)` and `PowerLawTask.lotka_volterra()` give the system in
+    flow time, and `solve_lv(lv, m0, ts, eta, lam)` the run at learning rate
+    `eta` and weight decay `lam`: each power-law mode is the logistic curve of
+    rate `eta (4 lam_k m*_k - 2 lam)` (closed form). The old forms
+    `lv_reduce(task, eta, lam)`, `lotka_volterra(eta, lam)` (and `eta=`) warn
+    and still give the system in steps, with the same numbers; `eta=` together
+    with `learning_rate=` is an error."""
+    eta, lam, eps = 0.2, 0.05, 1e-6
     task = nqfjax.power_law_task(4, 1.0, 0.5)
+    new = task.lotka_volterra()
+    for call in (
+        lambda: task.lotka_volterra(eta, lam),
+        lambda: task.lotka_volterra(eta=eta, weight_decay=lam),
+        lambda: nqfjax.lv_reduce(task, eta, lam)[0],
+        lambda: nqfjax.lv_reduce(task, eta=eta, weight_decay=lam)[0],
+    ):
+        with pytest.warns(DeprecationWarning, match="solve_lv"):
+            old = call()
+        np.testing.assert_allclose(old.r, eta * new.r, rtol=1e-15)
+        np.testing.assert_allclose(
+            old.interactions.as_matrix(), eta * new.interactions.as_matrix()
+        )
+        assert float(old.decay) == pytest.approx(2 * eta * lam, rel=1e-15)
+        assert float(new.decay) == 0.0
+    ts = jnp.linspace(0.0, 400.0, NT)
+    m_old = _solve(old, jnp.full(4, eps), ts)
+    m_new = _solve(new, jnp.full(4, eps), ts, learning_rate=eta, weight_decay=lam)
+    r_flow = 4 * np.asarray(task.lam * task.mstar) - 2 * lam
+    exact = np.stack(
+        [
+            _logistic(np.asarray(ts), eta * r_flow[k], r_flow[k] / 4 / task.lam[k], eps)
+            for k in range(4)
+        ],
+        1,
+    )
+    np.testing.assert_allclose(m_new, exact, rtol=1e-6)
+    # two integrations of one flow at 1e-10 per step, in s and in t
+    np.testing.assert_allclose(m_old, m_new, rtol=1e-7)
+    L_old = old.loss(m_old)
+    np.testing.assert_allclose(L_old, new.loss(m_old), rtol=1e-12, atol=1e-14)
+    # the searched reduction: the same systems
     quad = _quadratic_commuting(np.random.default_rng(13))
-    new, _ = nqfjax.lv_reduce(quad, 0.1)
+    unit, _ = nqfjax.lv_reduce(quad)
     with pytest.warns(DeprecationWarning, match="eta"):
         old, _ = nqfjax.lv_reduce(quad, eta=0.1)
-    np.testing.assert_array_equal(old.r, new.r)
-    np.testing.assert_array_equal(
-        old.interactions.as_matrix(), new.interactions.as_matrix()
-    )
-    with pytest.warns(DeprecationWarning, match="eta"):
-        old = task.lotka_volterra(eta=0.25)
-    np.testing.assert_array_equal(old.r, task.lotka_volterra(0.25).r)
+    np.testing.assert_allclose(old.r, 0.1 * unit.r, rtol=1e-14, atol=1e-15)
     with pytest.raises(TypeError, match="both"):
         nqfjax.lv_reduce(quad, learning_rate=0.1, eta=0.1)
+
+
+def test_deprecated_tolerances_same_numbers():
+    """`rtol`/`atol` (deprecated) warn naming the controller to pass and give
+    exactly the numbers of `lv_stepsize_controller` (a missing `rtol` is
+    `atol / |log floor|` of the system's dtype, in float32 too); the default
+    controller is `lv_stepsize_controller()`. Checked against the closed form."""
+    r, b, eps = 0.5, 0.25, 1e-6
+    for dtype, tol in ((jnp.float64, 1e-7), (jnp.float32, 1e-3)):
+        lv = nqfjax.LotkaVolterra(jnp.array([r], dtype), jnp.array([[b]], dtype))
+        m0, ts = jnp.array([eps], dtype), jnp.linspace(1.0, 60.0, 8, dtype=dtype)
+        exact = _logistic(np.asarray(ts, np.float64), r, r / b, eps)
+        default = nqfjax.solve_lv(lv, m0, ts).ys[:, 0]
+        same = nqfjax.solve_lv(
+            lv, m0, ts, stepsize_controller=nqfjax.lv_stepsize_controller(dtype=dtype)
+        ).ys[:, 0]
+        np.testing.assert_array_equal(default, same)
+        np.testing.assert_allclose(default, exact, rtol=tol)
+        for kw in (dict(atol=1e-4), dict(rtol=1e-3, atol=1e-4)):
+            with pytest.warns(DeprecationWarning, match="lv_stepsize_controller"):
+                old = nqfjax.solve_lv(lv, m0, ts, **kw).ys[:, 0]
+            ctrl = nqfjax.lv_stepsize_controller(
+                kw["atol"], rtol=kw.get("rtol"), dtype=dtype
+            )
+            new = nqfjax.solve_lv(lv, m0, ts, stepsize_controller=ctrl).ys[:, 0]
+            np.testing.assert_array_equal(old, new)
+            np.testing.assert_allclose(new, exact, rtol=1e-2)

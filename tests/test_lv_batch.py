@@ -11,6 +11,7 @@ import pytest
 from helpers import lv_interactions
 from scipy.integrate import solve_ivp
 
+import nqfjax
 from nqfjax import (
     DiagonalInteractions,
     LotkaVolterra,
@@ -78,7 +79,10 @@ def structured():
     lv = LotkaVolterra(jnp.asarray(r), B_diag=jnp.asarray(d), B_factor=jnp.asarray(U))
     m0 = _m0()
     sol = solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL))
-    alone = jax.vmap(lambda m: solve_lv(lv, m, TS, atol=ATOL))(jnp.asarray(m0))
+    control = nqfjax.lv_stepsize_controller(ATOL, dtype=lv.r.dtype)
+    alone = jax.vmap(lambda m: solve_lv(lv, m, TS, stepsize_controller=control))(
+        jnp.asarray(m0)
+    )
     ref = np.stack([_scipy_log(r, B, m, TS) for m in m0])
     return lv, m0, sol, alone, ref
 
@@ -477,7 +481,8 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
 
     def alone(lv, m0):
         def one(lv, m):
-            sol = solve_lv(lv, m, ts, atol=ATOL)
+            control = nqfjax.lv_stepsize_controller(ATOL, dtype=m.dtype)
+            sol = solve_lv(lv, m, ts, stepsize_controller=control)
             return jnp.log(sol.ys[-1]), sol.loss[-1]
 
         logs, losses = jax.vmap(one, in_axes=(in_axes, 0))(lv, m0)

@@ -17,6 +17,7 @@ from nqfjax import (
     DiagonalInteractions,
     LotkaVolterra,
     LowRankInteractions,
+    lv_stepsize_controller,
     solve_lv,
 )
 from nqfjax.engines._rosenbrock import (
@@ -79,7 +80,8 @@ def test_matches_scipy_from_1e_12(system, mode):
     kinds = {"dense": DenseInteractions, "diag_low_rank": LowRankInteractions}
     assert isinstance(solver.interactions, kinds.get(mode, type(None)))
     lv = LotkaVolterra(r, B)
-    m = solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-9).ys
+    control = lv_stepsize_controller(1e-9, rtol=0.0)
+    m = solve_lv(lv, m0, ts, solver=solver, stepsize_controller=control).ys
     # The accuracy target is 1e-6 relative; at atol 1e-9 on log m the error
     # measured is 1e-9 (Radau at 1e-11 is tighter than that).
     assert _rel_err(m, ref) < 1e-6
@@ -212,7 +214,8 @@ def test_vmap_equals_separate_solves():
     def one(r_, m0):
         lv = LotkaVolterra(r_, jnp.asarray(B))
         solver = LVRosenbrock(LowRankInteractions(d, U))
-        return solve_lv(lv, m0, ts, solver=solver, rtol=0.0, atol=1e-8).ys
+        control = lv_stepsize_controller(1e-8, rtol=0.0)
+        return solve_lv(lv, m0, ts, solver=solver, stepsize_controller=control).ys
 
     batched = jax.jit(jax.vmap(one))(jnp.asarray(rs), jnp.asarray(m0s))
     single = jax.jit(one)

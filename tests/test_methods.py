@@ -40,7 +40,7 @@ def whitened():
     ys = xs @ (U @ np.diag(SIG) @ V.T).T
     structure = nqfjax.Perceptron(d=D, k=K)
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv_unit, basis = nqfjax.lv_reduce(task, 1.0)
+    lv_unit, basis = nqfjax.lv_reduce(task)
     np.testing.assert_allclose(lv_unit.r[:3], 2 * SIG, rtol=1e-10)
     return structure, jnp.asarray(xs), jnp.asarray(ys), task, lv_unit, np.asarray(basis)
 
@@ -130,7 +130,10 @@ def test_schedule_mflow_matches_w_space(whitened):
     ts = jnp.asarray(record, jnp.float64)
     # an explicit solver (the Kvaerno5 default compiles far longer); tolerances
     # 1e-10 put the solve ~1e-8 from the exact flow (measured against 1e-12)
-    opts = dict(solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10)
+    opts = dict(
+        solver=diffrax.Tsit5(),
+        stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10),
+    )
     for name, discrete in (("split", True), ("smooth", False)):
         L = np.asarray(
             nqfjax.solve_mflow(
@@ -158,7 +161,10 @@ def test_lv_on_the_clock_matches_mflow(whitened):
     sched = optax.exponential_decay(2 * ETA, 4000, 0.3)
     ts = jnp.asarray(RECORD, jnp.float64)
     m = nqfjax.solve_lv(lv_unit, eps, ts, sched).ys
-    opts = dict(solver=diffrax.Tsit5(), rtol=1e-10, atol=1e-10)
+    opts = dict(
+        solver=diffrax.Tsit5(),
+        stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10),
+    )
     M = nqfjax.solve_mflow(task, M0, ts, sched, **opts).ys
     m_flow = np.einsum("pk,tpq,qk->tk", basis, np.asarray(M), basis)
     # both solvers at ~1e-10 tolerances: the growing modes agree to ~1e-7

@@ -14,6 +14,8 @@ from nqfjax._linalg import psd_sqrt
 
 
 P, NT, TOL = 5, 64, 1e-10
+CTRL = diffrax.PIDController(rtol=TOL, atol=TOL)  # solve_mflow's norm (RMS)
+LV_CTRL = nqfjax.lv_stepsize_controller(TOL, rtol=TOL)  # solve_lv's (max)
 
 
 def _orth(rng, d):
@@ -34,7 +36,7 @@ def _quadratic(theta=0.0, seed=0):
 
 
 def _mflow(task, M0, ts, eta, lam=0.0, **kw):
-    return nqfjax.solve_mflow(task, M0, ts, eta, lam, rtol=TOL, atol=TOL, **kw).ys
+    return nqfjax.solve_mflow(task, M0, ts, eta, lam, stepsize_controller=CTRL, **kw).ys
 
 
 TS = jnp.concatenate([jnp.zeros(1), jnp.geomspace(0.5, 500.0, NT - 1)])
@@ -49,8 +51,9 @@ def test_mflow_matches_lv_aligned(lam, scale):
     task, Q = _quadratic()
     eta = 0.05
     M0 = Q * (scale * np.array([1.0, 3.0, 2.0, 1.0, 0.5])) @ Q.T
-    lv, U = nqfjax.lv_reduce(task, eta, lam)
-    m = nqfjax.solve_lv(lv, jnp.diag(U.T @ M0 @ U), TS, rtol=TOL, atol=TOL).ys
+    lv, U = nqfjax.lv_reduce(task)  # both engines take eta and lam
+    m0 = jnp.diag(U.T @ M0 @ U)
+    m = nqfjax.solve_lv(lv, m0, TS, eta, lam, stepsize_controller=LV_CTRL).ys
     M = _mflow(task, jnp.asarray(M0), TS, eta, lam)
     L_lv, L_m = np.asarray(lv.loss(m)), np.asarray(jax.vmap(task.loss)(M))
     keep = L_lv > 1e-8 * L_lv[0]
@@ -97,7 +100,7 @@ def test_mflow_matches_w_space_not_reducible(getkey):
     flow, and M stays PSD with rank 3."""
     task, _ = _quadratic(theta=0.3)
     with pytest.raises(nqfjax.NotReducibleError):
-        nqfjax.lv_reduce(task, 0.05)
+        nqfjax.lv_reduce(task)
     eta, lam = 0.05, 0.05
     W0 = 1e-3 * jax.random.normal(getkey(), (P, 3))
     ts = TS[TS <= 2000.0]
@@ -189,7 +192,7 @@ def test_mflow_schedule_matches_w_space():
     W0 = 1e-3 * jax.random.normal(jax.random.key(3), (P, 3))
     sched = optax.exponential_decay(0.1, 400.0, 0.5)  # smooth in t
     ts = jnp.linspace(0.0, 3000.0, NT)
-    tsit = dict(solver=diffrax.Tsit5(), rtol=TOL, atol=TOL)
+    tsit = dict(solver=diffrax.Tsit5(), stepsize_controller=CTRL)
     M = np.asarray(
         nqfjax.solve_mflow(task, W0 @ W0.T, ts, sched, discrete=False, **tsit).ys
     )
@@ -256,9 +259,16 @@ def test_mflow_bad_input():
         (dict(atol=-1.0), "atol"),
         (dict(rtol=np.inf), "rtol"),
         (dict(atol=np.nan), "atol"),
+    ]:
+        control = diffrax.PIDController(**{"rtol": 1e-6, "atol": 1e-6, **kw})
+        with pytest.raises(ValueError, match=name):
+            nqfjax.solve_mflow(task, good, TS, 0.1, stepsize_controller=control)
+    for kw, name in [
         (dict(max_steps=0), "max_steps"),
         (dict(max_steps=-1), "max_steps"),
-        (dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=-1)), "atol"),
+        (dict(solver=diffrax.ConstantStepSize()), "solver"),
+        (dict(adjoint=diffrax.Tsit5()), "adjoint"),
+        (dict(stepsize_controller=diffrax.Tsit5()), "stepsize_controller"),
     ]:
         with pytest.raises(ValueError, match=name):
             nqfjax.solve_mflow(task, good, TS, 0.1, **kw)
@@ -266,7 +276,14 @@ def test_mflow_bad_input():
     # (M0 passed in: symmetric_psd cannot check a closed-over M0 under jit)
     f = jax.jit(
         lambda M0, eta, rtol: (
-            nqfjax.solve_mflow(task, M0, TS, eta, rtol=rtol, solver=diffrax.Tsit5()).ys
+            nqfjax.solve_mflow(
+                task,
+                M0,
+                TS,
+                eta,
+                stepsize_controller=diffrax.PIDController(rtol=rtol, atol=1e-6),
+                solver=diffrax.Tsit5(),
+            ).ys
         )
     )
     with pytest.raises(RuntimeError, match="rtol"):
@@ -293,3 +310,34 @@ def test_mflow_eta_keyword_deprecated():
     np.testing.assert_array_equal(
         old.ys, nqfjax.solve_mflow(task, M0, TS[:3], 0.05, solver=diffrax.Tsit5()).ys
     )
+
+
+def test_deprecated_tolerances_same_numbers():
+    """`rtol`/`atol` (deprecated) warn naming `diffrax.PIDController` and give
+    exactly the numbers of that controller (a missing one at its default); the
+    default is `PIDController(1e-9, 1e-9)` in float64. Checked against the
+    W-space flow, integrated independently."""
+    task, _ = _quadratic(theta=0.3)
+    W0 = 1e-3 * jax.random.normal(jax.random.key(5), (P, 3))
+    M0, ts, tsit = W0 @ W0.T, jnp.linspace(0.0, 200.0, 8), diffrax.Tsit5()
+    ref = np.asarray(_w_flow(task, W0, ts, 0.05, 0.0))
+    default = nqfjax.solve_mflow(task, M0, ts, 0.05, solver=tsit).ys
+    same = nqfjax.solve_mflow(
+        task,
+        M0,
+        ts,
+        0.05,
+        solver=tsit,
+        stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-9),
+    ).ys
+    np.testing.assert_array_equal(default, same)
+    np.testing.assert_allclose(default, ref, rtol=1e-5, atol=1e-8 * np.max(ref))
+    for kw in (dict(rtol=1e-6), dict(rtol=1e-6, atol=1e-7)):
+        with pytest.warns(DeprecationWarning, match="PIDController"):
+            old = nqfjax.solve_mflow(task, M0, ts, 0.05, solver=tsit, **kw).ys
+        control = diffrax.PIDController(**{"atol": 1e-9, **kw})
+        new = nqfjax.solve_mflow(
+            task, M0, ts, 0.05, solver=tsit, stepsize_controller=control
+        ).ys
+        np.testing.assert_array_equal(old, new)
+        np.testing.assert_allclose(new, ref, rtol=1e-3, atol=1e-6 * np.max(ref))

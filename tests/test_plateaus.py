@@ -156,7 +156,7 @@ def test_whitened_perceptron_switch_on_slopes():
     task = nqfjax.task_from_samples(structure, xs, ys)
     # learning rate for r_max = 0.02: full-batch GD grows a mode by (1 + r/2)^2
     # per step instead of e^r, which biases the slope by ~ r/4 = 0.5%
-    lv1, _ = nqfjax.lv_reduce(task, 1.0)
+    lv1, _ = nqfjax.lv_reduce(task)  # in flow time
     eta = 0.02 / float(lv1.r[0])
     lv, basis = nqfjax.lv_reduce(task, eta)
     r = np.asarray(lv.r)
@@ -212,7 +212,7 @@ def quadratic_runs():
     ys = ((xs**2) @ MU)[:, None]
     structure = nqfjax.QuadraticNet(d=len(COV))
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv1, _ = nqfjax.lv_reduce(task, 1.0)
+    lv1, _ = nqfjax.lv_reduce(task)  # in flow time
     eta = 0.04 / float(lv1.r.max())  # r_max = 0.04: ~1% discretisation bias
     lv, basis = nqfjax.lv_reduce(task, eta)
     stair = nqfjax.singular_limit(lv, 1.0)  # tau in units of t per ln(1/eps)

@@ -34,7 +34,7 @@ def _power_law_lv(alpha, beta):
     task = nqfjax.power_law_task(P, alpha, beta)
     # B is diagonal, held as its diagonal (O(P)): no P x P matrix is built or
     # checked
-    lv = task.lotka_volterra(ETA)
+    lv = task.lotka_volterra()  # in flow time: solved at ETA below
     assert isinstance(lv.interactions, nqfjax.DiagonalInteractions)
     tail = 0.5 * scipy.special.zeta(alpha + 2 * beta, P + 1)
     return eqx.tree_at(lambda s: s.loss_offset, lv, lv.loss_offset + tail)
@@ -71,7 +71,10 @@ def test_rich_power_law(alpha, beta):
     t_lo, t_hi = t_on(k_lo), t_on(k_hi)
     assert np.log10(t_hi / t_lo) >= 1.4  # at least one decade (1.4-1.7 here)
     ts = np.geomspace(t_lo, t_hi, 160)
-    m = _solve_independent(lv.r, lv.self_interactions(), EPS, jnp.asarray(ts))
+    # per step at ETA (exact: 4 ETA = 1)
+    m = _solve_independent(
+        ETA * lv.r, ETA * lv.self_interactions(), EPS, jnp.asarray(ts)
+    )
     loss = np.asarray(lv.loss(m))
 
     gamma_fit, worst = _fit_exponent(ts, loss)
@@ -88,7 +91,7 @@ def test_rich_power_law(alpha, beta):
 
     # the refined sharp-switch sum keeps the log corrections: its slope matches
     # the simulation to < 1% (docs/theory/power-laws.md: 0.1-0.3%)
-    sharp = np.asarray(nqfjax.sharp_switch_loss(lv, EPS, ts))
+    sharp = np.asarray(nqfjax.sharp_switch_loss(lv, EPS, ETA * ts))  # flow times
     gamma_sharp, _ = _fit_exponent(ts, sharp)
     np.testing.assert_allclose(gamma_fit, gamma_sharp, rtol=0.01)
     # the asymptotic exponent: the log corrections make the fit come out a few

@@ -154,9 +154,10 @@ def test_exact_reduction_on_whitened_data_matches_the_flow_and_closed_form():
     # ln(m*/m0 - 1) / r (switch_on_times); records every ~20 steps and
     # log-linear interpolation of the records (every ~10 steps, 0.7% of the
     # first switch-on) put the measured half-way within a fraction of that
-    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys), eta)
+    lv, basis = nqfjax.lv_reduce(nqfjax.task_from_samples(structure, xs, ys))
     m0 = jnp.einsum("ik,ij,jk->k", basis, lv_pred.M0, basis)
-    closed = np.sort(np.asarray(nqfjax.switch_on_times(lv, m0)))[:2]
+    # the system's flow times, in steps
+    closed = np.sort(np.asarray(nqfjax.switch_on_times(lv, m0)) / eta)[:2]
     np.testing.assert_allclose(lv_pred.switch_times, closed, rtol=5e-3)
 
 

@@ -127,8 +127,8 @@ def runs():
 def test_four_modes_detach_at_their_switch_on_times(runs):
     structure, xs, ys, res = runs[True]
     task = nqfjax.task_from_samples(structure, xs, ys)
-    lv, basis = nqfjax.lv_reduce(task, ETA)
-    np.testing.assert_allclose(lv.r[:4], 2 * ETA * SIG, rtol=1e-10)
+    lv, basis = nqfjax.lv_reduce(task)  # in flow time
+    np.testing.assert_allclose(lv.r[:4], 2 * SIG, rtol=1e-10)
     spec = nqfjax.weight_spectrum(res.ts, res.M, width=WIDTH, basis=basis)
 
     # the bulk at init: sigma estimated from Tr M0 (error ~sqrt(2/(p m)) = 9%),
@@ -151,8 +151,8 @@ def test_four_modes_detach_at_their_switch_on_times(runs):
     # of the same M0 within the width of a transition, ln(81)/r_k (10% to 90%
     # of a logistic); measured within ~0.1 widths
     m0 = np.diag(np.asarray(basis).T @ np.asarray(res.M[0]) @ np.asarray(basis))
-    t_on = np.asarray(nqfjax.switch_on_times(lv, m0))[:4]
-    r = np.asarray(lv.r)[:4]
+    t_on = np.asarray(nqfjax.switch_on_times(lv, m0))[:4] / ETA  # steps
+    r = ETA * np.asarray(lv.r)[:4]  # per step
     width = np.log(81) / r
     assert np.all(np.abs(np.asarray(spec.t_half) - t_on) < width)
     # the outlier leaves the bulk when its mode has grown past the threshold:

@@ -197,16 +197,16 @@ def test_gaussian_quadratic_closed_form():
 
 def test_power_law_task():
     """lam_k = k^-alpha, m*_k = k^-beta: the reduction is exact in the standard
-    basis with r = 4 eta k^-(alpha+beta), B = 4 eta diag(lam); L(0) is the sum of
+    basis with r = 4 k^-(alpha+beta), B = 4 diag(lam) (flow time); L(0) is the sum of
     the unlearned costs lam m*^2 / 2, L(diag m*) = 0; the
     exponents are differentiable."""
-    p, alpha, beta, eta = 50, 1.3, 0.4, 0.1
+    p, alpha, beta = 50, 1.3, 0.4
     task = nqfjax.power_law_task(p, alpha, beta)
     k = np.arange(1, p + 1.0)
-    lv, U = nqfjax.lv_reduce(task, eta)
-    np.testing.assert_allclose(lv.r, 4 * eta * k ** -(alpha + beta), rtol=1e-13)
+    lv, U = nqfjax.lv_reduce(task)
+    np.testing.assert_allclose(lv.r, 4 * k ** -(alpha + beta), rtol=1e-13)
     np.testing.assert_allclose(
-        lv.interactions.as_matrix(), np.diag(4 * eta * k**-alpha), rtol=1e-13
+        lv.interactions.as_matrix(), np.diag(4 * k**-alpha), rtol=1e-13
     )
     np.testing.assert_allclose(lv.fixed_point_isolated(), k**-beta, rtol=1e-13)
     np.testing.assert_allclose(U, np.eye(p))

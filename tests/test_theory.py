@@ -355,9 +355,9 @@ def test_quadratic_network_system_matches_lv_reduce(config):
     task of `gaussian_quadratic_task` reduced by `lv_reduce` (modes ordered by
     decreasing r, so compare up to that permutation)."""
     cov, mu = map(np.asarray, config)
-    lv = _quadratic_network_lv(cov, mu)
+    lv = _quadratic_network_lv(cov, mu, eta=1.0)  # flow time, as lv_reduce
     task = nqfjax.gaussian_quadratic_task(np.diag(cov), np.diag(mu))
-    lv_ref, basis = nqfjax.lv_reduce(task, 0.25)
+    lv_ref, basis = nqfjax.lv_reduce(task)
     perm = np.argmax(np.abs(np.asarray(basis)), axis=0)
     assert sorted(perm) == list(range(len(cov)))
     # both are exact: agreement to rounding

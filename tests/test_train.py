@@ -643,7 +643,7 @@ def test_lotka_volterra_loss_is_the_task_loss_on_softmax_attention(attention_dat
     x1 = xs[:1]
     y1 = jax.vmap(lambda x: structure.layer(0.6 * jnp.ones((structure.p, 1)), x))(x1)
     task = nqfjax.task_from_samples(structure, x1, y1)
-    lv, basis = nqfjax.lv_reduce(task, 0.5)
+    lv, basis = nqfjax.lv_reduce(task)
     m = jnp.abs(jr.normal(jr.key(3), (lv.p,)))
     M = basis @ jnp.diag(m) @ basis.T
     off = jax.vmap(lambda x: structure.layer(jnp.zeros((structure.p, 1)), x))(x1)

@@ -171,11 +171,11 @@ def _task_from_samples(dtype):
 
 
 def _power_law_lv(dtype):
-    def fn(eta):
-        lv = nqfjax.power_law_task(5, 1.2, 0.4).lotka_volterra(eta)
-        return lv.r, lv.interactions.diagonal(), lv.loss_scale
+    def fn(alpha):
+        lv = nqfjax.power_law_task(5, alpha, 0.4).lotka_volterra()
+        return lv.r, lv.interactions.diagonal(), lv.loss_offset
 
-    return fn, _arr(0.25, dtype), _arr(0.1, dtype)
+    return fn, _arr(1.2, dtype), _arr(1.0, dtype)
 
 
 def _train(dtype):
@@ -209,7 +209,20 @@ def _lv_system(dtype):
 # (when a step is accepted on one side and rejected on the other), smooth
 # (O(1e-10)) otherwise. float32 uses the library's defaults.
 def _tol(dtype):
+    if dtype != "float64":
+        return {}
+    return dict(stepsize_controller=nqfjax.lv_stepsize_controller(1e-10, rtol=1e-10))
+
+
+def _tol_batch(dtype):
+    # solve_lv_batch's own keywords (engines/lv_batch.py has its own convention)
     return dict(rtol=1e-10, atol=1e-10) if dtype == "float64" else {}
+
+
+def _tol_mflow(dtype):
+    if dtype != "float64":
+        return {}
+    return dict(stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-10))
 
 
 def _solve_lv(dtype):
@@ -226,7 +239,7 @@ def _solve_lv_batch(dtype):
     lv, ts = _lv_system(dtype), _arr(_TS, dtype)
 
     def fn(m0):
-        tol = _tol(dtype)
+        tol = _tol_batch(dtype)
         pid = diffrax.PIDController(**tol) if tol else None
         return nqfjax.solve_lv_batch(lv, m0, ts, stepsize_controller=pid).loss
 
@@ -245,7 +258,7 @@ def _solve_mflow(dtype):
 
     def fn(M0):
         sol = nqfjax.solve_mflow(
-            task, M0, ts, 0.5, solver=diffrax.Tsit5(), **_tol(dtype)
+            task, M0, ts, 0.5, solver=diffrax.Tsit5(), **_tol_mflow(dtype)
         )
         return sol.ys[-1], sol.loss
 
@@ -253,8 +266,8 @@ def _solve_mflow(dtype):
 
 
 def _sharp_switch_loss(dtype):
-    lv = nqfjax.power_law_task(6, 1.0, 0.5).lotka_volterra(0.25)
-    ts = _arr(np.geomspace(1.0, 1e5, 30), dtype)
+    lv = nqfjax.power_law_task(6, 1.0, 0.5).lotka_volterra()
+    ts = _arr(0.25 * np.geomspace(1.0, 1e5, 30), dtype)  # flow times at eta 1/4
     return (
         lambda m0: nqfjax.sharp_switch_loss(lv, m0, ts),
         _arr(np.full(6, 1e-8), dtype),
@@ -279,11 +292,10 @@ def _sgd_moments(dtype):
 
 
 def _lv_reduce(dtype):
-    task = nqfjax.power_law_task(4, 1.0, 0.5)
     return (
-        (lambda eta: nqfjax.lv_reduce(task, eta)[0].r),
-        _arr(0.25, dtype),
-        _arr(0.1, dtype),
+        (lambda a: nqfjax.lv_reduce(nqfjax.power_law_task(4, a, 0.5))[0].r),
+        _arr(1.0, dtype),
+        _arr(1.2, dtype),
     )
 
 
@@ -386,7 +398,7 @@ CASES = (
         "lv_reduce",
         _lv_reduce,
         eager_only=True,
-        note="for a power-law task, `task.lotka_volterra(learning_rate)` traces",
+        note="for a power-law task, `task.lotka_volterra()` traces",
     ),
     Case(
         "switch_on_times",

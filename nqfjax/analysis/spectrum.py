@@ -32,6 +32,7 @@ passes).
 **Error bars.** The Laplace standard errors are meaningful for noisy data, and
 a measure of misfit only for a deterministic curve."""
 
+import warnings
 from typing import Literal
 
 import diffrax
@@ -43,7 +44,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import eager_only
 from .._curves import first_crossing
-from ..engines.lv import solve_lv
+from ..engines.lv import lv_stepsize_controller, solve_lv
 from ..tasks.interactions import DiagonalInteractions
 from ..tasks.lotka_volterra import LotkaVolterra
 from ..theory.power_law import power_law_exponent
@@ -322,19 +323,35 @@ def spectrum_starts(t, y, use, p: int, n_modes) -> np.ndarray:
     return np.array(rows)
 
 
-def _solve_options(solver, rtol, atol, max_steps) -> dict:
-    """`solve_lv`'s options for every mode: forward-mode derivatives and
+def _solve_options(solver, stepsize_controller, max_steps, rtol, atol) -> dict:
+    """`solve_lv`'s options for every mode: the controller (default
+    `lv_stepsize_controller(1e-6, rtol=1e-6)`; the deprecated `rtol`/`atol` are
+    mapped to it, a missing one 1e-6 as before), forward-mode derivatives and
     `throw=False` (a failed trial solve is a rejected step, never a result)."""
-    options = dict(
-        rtol=rtol,
-        atol=atol,
+    if rtol is not None or atol is not None:
+        warnings.warn(
+            "The `rtol`/`atol` keywords of fit_spectrum are deprecated: pass "
+            "`stepsize_controller=nqfjax.lv_stepsize_controller(atol=..., "
+            "rtol=...)`.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if stepsize_controller is not None:
+            raise ValueError(
+                "Give the tolerances either as `rtol`/`atol` or inside "
+                "`stepsize_controller`, not both."
+            )
+    if stepsize_controller is None:
+        stepsize_controller = lv_stepsize_controller(
+            1e-6 if atol is None else atol, rtol=1e-6 if rtol is None else rtol
+        )
+    return dict(
+        solver=solver,
+        stepsize_controller=stepsize_controller,
         max_steps=max_steps,
         throw=False,
         adjoint=diffrax.ForwardMode(),
     )
-    if solver is not None:
-        options["solver"] = solver
-    return options
 
 
 def _refusal(beta: float, rms: float, noise: float) -> str:
@@ -387,10 +404,11 @@ def fit_spectrum(
     learning_rate: float = 0.03,
     huber_delta: float = 0.1,
     rel_floor: float = 1e-6,
-    solver=None,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
+    solver: diffrax.AbstractSolver | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     max_steps: int = 4096,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> SpectrumFit:
     r"""Recover the power-law spectra `(alpha, beta)`, the init scale and the time
     scale of a loss curve, by gradient descent through `solve_lv`.
@@ -438,9 +456,13 @@ def fit_spectrum(
     - `steps`, `polish`, `learning_rate`: Adam steps, Levenberg-Marquardt steps,
       Adam's peak learning rate.
     - `huber_delta`, `rel_floor`: see above.
-    - `solver`, `rtol`, `atol`, `max_steps`: options of each mode's `solve_lv`
-      (default solver: `solve_lv`'s; `throw=False`, so a failed trial solve is
-      a rejected step, never a silent result).
+    - `solver`, `stepsize_controller`, `max_steps`: each mode's `solve_lv`
+      (defaults: `solve_lv`'s solver, `lv_stepsize_controller(1e-6, rtol=1e-6)`,
+      4096 steps; always `adjoint=diffrax.ForwardMode()` and `throw=False`, so
+      a failed trial solve is a rejected step, never a silent result).
+    - `rtol`, `atol`: deprecated (`DeprecationWarning`): pass
+      `stepsize_controller=lv_stepsize_controller(atol, rtol=rtol)`, the same
+      controller (a missing one is 1e-6, as before).
 
     **Returns:** a `SpectrumFit`.
 
@@ -476,7 +498,7 @@ def fit_spectrum(
     opts = {
         "p": p,
         "n_modes": n_modes,
-        "solve": _solve_options(solver, rtol, atol, max_steps),
+        "solve": _solve_options(solver, stepsize_controller, max_steps, rtol, atol),
     }
     ly = np.where(use, np.log(np.where(use, y, 1.0)), 0.0)
     theta, cov, rms, values = _fit_spectrum_core(
@@ -494,7 +516,8 @@ def fit_spectrum(
     if not np.isfinite(np.min(np.asarray(values))):
         raise RuntimeError(
             "fit_spectrum: the model could not be evaluated from any start (every "
-            "solve failed; raise `max_steps` or loosen `rtol`/`atol`, or pass "
+            "solve failed; raise `max_steps` or loosen the `stepsize_controller`'s "
+            "tolerances, or pass "
             "`starts`)."
         )
     alpha, beta = float(theta[0]), float(theta[1])

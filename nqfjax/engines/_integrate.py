@@ -1,8 +1,15 @@
 r"""The one integrator behind `solve_mflow` and `solve_lv` (private module): the
 checks of the times, tolerances and step limit, the change of clock of a
 learning-rate schedule, one `diffrax.diffeqsolve`, and the `Solution` both return.
+
+A solve is configured by the diffrax objects themselves: `solver`,
+`stepsize_controller`, `adjoint`, `dt0`, `max_steps`, `throw`, each `None` (or
+its documented value) meaning the engine's one default. The `rtol`/`atol`
+keywords of earlier releases are deprecated (`deprecated_tolerances`) and mapped
+to the controller they built then (`step_size_controller`).
 """
 
+import warnings
 from collections.abc import Callable
 
 import diffrax
@@ -120,6 +127,32 @@ def tolerance_checks(rtol, atol) -> list[tuple[Array, str]]:
     return pending
 
 
+def deprecated_tolerances(rtol, atol, instead: str, *, stacklevel: int = 3) -> None:
+    """Warn (`DeprecationWarning`, at the caller of the public function) when the
+    deprecated `rtol`/`atol` keywords are given; `instead` names the controller
+    to pass."""
+    if rtol is None and atol is None:
+        return
+    warnings.warn(
+        f"The `rtol`/`atol` keywords are deprecated: pass "
+        f"`stepsize_controller={instead}`.",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def default_adjoint(adjoint) -> diffrax.AbstractAdjoint:
+    """`adjoint`, or the flows' default `diffrax.RecursiveCheckpointAdjoint()` for
+    `None`; anything else than a diffrax adjoint is refused."""
+    if adjoint is None:
+        return diffrax.RecursiveCheckpointAdjoint()
+    if not isinstance(adjoint, diffrax.AbstractAdjoint):
+        raise ValueError(
+            f"`adjoint` must be a diffrax.AbstractAdjoint or None, got {type(adjoint)}."
+        )
+    return adjoint
+
+
 def step_size_controller(
     controller: diffrax.AbstractStepSizeController | None,
     rtol,
@@ -230,6 +263,10 @@ def integrate(
     diffrax's message.
     """
     max_steps = static_int("max_steps", max_steps, minimum=1)
+    if not isinstance(solver, diffrax.AbstractSolver):
+        raise ValueError(
+            f"`solver` must be a diffrax.AbstractSolver or None, got {type(solver)}."
+        )
     for bad, msg in pending:
         times = error_if(times, bad, msg)
     sol = diffrax.diffeqsolve(

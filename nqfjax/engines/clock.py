@@ -219,7 +219,7 @@ def invert_clock(
 ) -> Float[Array, " J"]:
     r"""The step `t` at which the clock reaches `s` (the inverse of `clock`):
     maps flow times in units of $\eta = 1$ (for example `switch_on_times` of a
-    `lv_reduce(task, 1.0)` system) to steps of a schedule. `inf` where the clock
+    `lv_reduce(task)` system) to steps of a schedule. `inf` where the clock
     does not reach `s` within `max_steps` steps (a decaying schedule may never
     get there). Exact for the discrete clock (piecewise linear); for
     `discrete=False` linear between integer steps. Runs eagerly.

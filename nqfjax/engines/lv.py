@@ -1,7 +1,11 @@
 r"""The Lotka-Volterra engine: `solve_lv` integrates the reduced system in log
 space, `lv_reduce` finds the reduction of a task (or raises `NotReducibleError`).
 
-$$\frac{d \log m_k}{dt} = r_k - (B m)_k - \delta .$$
+$$\frac{d \log m_k}{ds} = r_k - (B m)_k - \delta - 2\lambda, \qquad
+s = \int_0^t \eta .$$
+
+The system is the task's data in flow time `s`; the learning rate $\eta$ and the
+weight decay $\lambda$ are the solver's arguments, as for `solve_mflow`.
 """
 
 import warnings
@@ -14,16 +18,24 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_shape, is_concrete, renamed_keywords
+from .._checks import (
+    check_shape,
+    is_concrete,
+    nonnegative,
+    renamed_keywords,
+)
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._integrate import (
     Solution,
     check_learning_rate,
     check_times,
+    default_adjoint,
+    deprecated_tolerances,
     flow_times,
     integrate,
     step_size_controller,
+    tolerance_checks,
 )
 from ._lv_common import (
     check_m0 as _check_m0,
@@ -45,41 +57,75 @@ def _log_field(t, y, args):
 _LOG_TERM = diffrax.ODETerm(_log_field)
 
 
+def lv_stepsize_controller(
+    atol: float | None = None, *, rtol: float | None = None, dtype=None
+) -> diffrax.PIDController:
+    r"""`solve_lv`'s default step-size controller, at a chosen tolerance.
+
+    `diffrax.PIDController(rtol, atol, norm=max over modes)` on $y = \log m$, so
+    `atol` bounds the *relative* error of every mode, tiny or not, and
+    `rtol = atol / |log floor|` (the floor: the log of the smallest normal number
+    of `dtype`, -87.3 in float32, -708.4 in float64) holds every mode above the
+    floor to between `atol` and `2 atol` while a dying mode's steps grow with its
+    depth (with `rtol = 0` it would cost steps to the end of `ts`).
+
+    **Arguments:**
+
+    - `atol`: finite, `>= 0` (default: 1e-9 in float64, 1e-5 in float32).
+    - `rtol`: finite, `>= 0` (default `atol / |log floor|`).
+    - `dtype`: the system's dtype, which sets both defaults (default: JAX's
+      default float, float64 under `jax_enable_x64`).
+
+    **Returns:** the `diffrax.PIDController` to pass as
+    `solve_lv(..., stepsize_controller=...)`; with no arguments it is the one
+    `solve_lv` uses by default for a system of `dtype`.
+
+    **Raises:** `ValueError` for a negative or non-finite `atol`/`rtol`, or both
+    0 (traced values are checked when `solve_lv` runs).
+    """
+    dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+    default_rtol, atol = _default_tolerances(dtype, atol)
+    rtol = default_rtol if rtol is None else rtol
+    tolerance_checks(rtol, atol)
+    return diffrax.PIDController(rtol=rtol, atol=atol, norm=_max_norm)
+
+
 def solve_lv(
     lv: LotkaVolterra,
     m0: Float[ArrayLike, " p"],
     ts: Float[ArrayLike, " T"],
     learning_rate: Float[ArrayLike, ""] | Callable = 1.0,
+    weight_decay: Float[ArrayLike, ""] = 0.0,
     *,
     momentum: float = 0.0,
     discrete: bool = True,
     t0: float | None = 0.0,
     solver: diffrax.AbstractSolver | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     throw: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> Solution:
     r"""Integrate the Lotka-Volterra system in log space and return it at `ts`.
 
-    Solves $d \log m_k / ds = r_k - (B m)_k - \delta$ with $m = e^{\log m}$, which
-    keeps `m > 0` and stays accurate from initial values like `1e-30`, in float32
-    too. The exponent is clipped before `exp` so that a rejected trial step cannot
-    overflow; the clip is far above any reachable state (`m <= max(m*)`).
+    Solves $d \log m_k / ds = r_k - (B m)_k - \delta - 2\lambda$ with
+    $m = e^{\log m}$, which keeps `m > 0` and stays accurate from initial values
+    like `1e-30`, in float32 too. The exponent is clipped before `exp` so that a
+    rejected trial step cannot overflow; the clip is far above any reachable
+    state (`m <= max(m*)`).
 
-    **Time.** `s` is the system's own time: `lv`'s rates are per unit of it.
-    `learning_rate` maps the steps `ts` to it, $s(t) = \int_0^t \eta$ (the change
-    of clock, see `clock`, whose `momentum` and `discrete` options these are):
-
-    - `learning_rate=1.0` (default): `ts` are times of `lv` itself, e.g. steps of
-      a system built at the learning rate, `lv_reduce(task, eta)`.
-    - a constant or an optax schedule, with `lv` the system at unit learning rate
-      (`lv_reduce(task, 1.0)`): `ts` count the steps of that schedule, and the
-      system is integrated once at unit rate and read off at $s(t)$. A schedule
-      needs concrete `ts`.
+    **Time.** `s` is the system's own time, the flow time: `lv`'s rates are per
+    unit of it (`lv_reduce(task)` gives the system of gradient flow at unit
+    learning rate). `learning_rate` maps the steps `ts` to it,
+    $s(t) = \int_0^t \eta$ (the change of clock, see `clock`, whose `momentum`
+    and `discrete` options these are): `ts` count the steps of gradient descent
+    at that rate, or of that optax schedule, and the system is integrated once at
+    unit rate and read off at $s(t)$. A schedule needs concrete `ts`. The weight
+    decay $\lambda$ on `W` adds $2\lambda$ to the decay per unit of `s` (as in
+    `solve_mflow`, which takes the same two arguments).
 
     **Modes that die.** A mode with `r < 0`, or suppressed by the others, falls
     linearly in log space for ever. Below the log of the smallest normal number
@@ -93,17 +139,25 @@ def solve_lv(
     solver does not know of the pin, and the step-size control then stalls at
     the pin, at float32 resolution there.)
 
+    **Default:** `LVRosenbrock(lv.interactions)` with
+    `lv_stepsize_controller(dtype=...)`, i.e. `diffrax.PIDController` in the max
+    norm on `log m` with `atol` 1e-9 in float64 and 1e-5 in float32 and
+    `rtol = atol / |log floor|` (`dt0 = 0.01` over the fastest initial rate,
+    `max_steps=100_000`, `RecursiveCheckpointAdjoint`).
+
     **Solver.** The system is stiff once modes switch on. The default solver is a
     Rosenbrock method (`LVRosenbrock`, RODAS4: L-stable, one linear solve per
     stage with the analytic Jacobian $-B\,\mathrm{diag}(m)$, no Newton iterations;
     `O(p q)` per step when `B` is diagonal plus rank `q`, see `LotkaVolterra`),
     with a PID step-size controller in the max norm on the log-state, so `atol`
-    bounds the *relative* error of every mode, tiny or not; any diffrax solver and
-    controller can be passed instead (measured speeds: `benchmarks/README.md`).
-    Gradients go through `diffrax.RecursiveCheckpointAdjoint` (reverse-mode
-    checkpointing); `BacksolveAdjoint` was measured here to give gradients about
-    100% off on this problem. For a few hyperparameters forward mode
-    (`jax.jacfwd`) also works with `diffrax.ForwardMode()`.
+    bounds the *relative* error of every mode, tiny or not;
+    `lv_stepsize_controller(atol)` is that controller at another tolerance, and
+    any diffrax solver and controller can be passed instead (measured speeds:
+    `benchmarks/README.md`). Gradients go through
+    `diffrax.RecursiveCheckpointAdjoint` (reverse-mode checkpointing);
+    `BacksolveAdjoint` was measured here to give gradients about 100% off on this
+    problem. For a few hyperparameters forward mode (`jax.jacfwd`) also works
+    with `adjoint=diffrax.ForwardMode()`.
 
     **Arguments:**
 
@@ -113,22 +167,24 @@ def solve_lv(
       it a mode would start off.
     - `ts`: output times (in steps), shape `(T,)`, `T >= 1`, strictly increasing
       (also once cast to the system's dtype), `ts[0] >= t0`.
-    - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1).
+    - `learning_rate`: `eta > 0` or an optax schedule; see **Time** (default 1:
+      `ts` are flow times).
+    - `weight_decay`: $\lambda \ge 0$, weight decay on `W` (default 0); the
+      system's own `lv.decay` $\delta$ applies as well.
     - `momentum`, `discrete`: the clock (see `clock`).
     - `t0`: the step at which `m = m0` (default 0; `None` means `ts[0]`).
-    - `solver`, `dt0`, `max_steps`, `adjoint`: diffrax options; `max_steps >= 1`.
-    - `stepsize_controller`: a diffrax step-size controller (default
-      `diffrax.PIDController(rtol, atol)` in the max norm).
-    - `rtol`, `atol`: the default controller's tolerances on `log m` (so `atol`
-      is a relative error of `m`), finite and `>= 0`: `atol` 1e-9 in float64
-      and 1e-5 in float32, and `rtol = atol / |log floor|` (so every mode above
-      the floor is held to between `atol` and `2 atol`; see **Modes that
-      die**: with `rtol = 0` a dying mode costs steps to the end of `ts`). Not
-      together with `stepsize_controller`.
+    - `solver`, `stepsize_controller`, `adjoint`: diffrax objects; `None` is the
+      default above (`lv_stepsize_controller` builds it at another `atol`). A
+      controller's `rtol`/`atol` must be finite and `>= 0`.
+    - `dt0`: the first step (`None`: the default above); `max_steps >= 1`.
     - `throw`: raise if the solve fails (for example `max_steps` reached). With
       `throw=False` (for vmapped sweeps) a failed solve returns NaN everywhere, so
       it can never pass for a result, and `stats["moving"]` says which modes were
       still moving when the solver stopped.
+    - `rtol`, `atol`: deprecated (`DeprecationWarning`): pass
+      `stepsize_controller=lv_stepsize_controller(atol, rtol=...)`, the same
+      controller (a missing `rtol` is `atol / |log floor|`, as before). Not with
+      `stepsize_controller`.
 
     **Returns:** a `Solution` with `ys = m(ts)`, shape `(T, p)`, and `loss =
     lv.loss(m(ts))`, shape `(T,)`.
@@ -136,8 +192,8 @@ def solve_lv(
     **Raises:** `ValueError` for bad shapes, `m0` not finite or below the
     smallest normal number, `ts` empty, not increasing (or not once cast to the
     system's dtype) or before `t0`, a negative or non-finite tolerance,
-    `learning_rate <= 0` or `max_steps < 1` (traced values: at run time, through
-    `eqx.error_if`).
+    `learning_rate <= 0`, `weight_decay < 0` or `max_steps < 1` (traced values:
+    at run time, through `eqx.error_if`).
     """
     p = lv.p
     m0 = jnp.asarray(m0)
@@ -145,9 +201,14 @@ def solve_lv(
     dtype = jnp.result_type(lv.r.dtype, m0.dtype, float)
     m0 = _check_m0(m0, dtype)
     learning_rate = check_learning_rate(learning_rate, dtype)
+    lam = nonnegative("weight_decay", jnp.asarray(weight_decay, dtype))
+    check_shape("weight_decay", lam, ())
     ts, t_start = check_times(ts, dtype, t0)
     s_start, times, inverse = flow_times(
         learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+    )
+    deprecated_tolerances(
+        rtol, atol, "nqfjax.lv_stepsize_controller(atol=..., rtol=...)"
     )
     controller, pending = step_size_controller(
         stepsize_controller, rtol, atol, _default_tolerances(dtype, atol), _max_norm
@@ -157,7 +218,7 @@ def solve_lv(
     if dt0 is None:
         dt0 = first_step(lv.r, lv.interactions, m0)
     y_max = jnp.asarray(exponent_clip(dtype), dtype)
-    args = (lv.r, lv.interactions, lv.decay, y_max)
+    args = (lv.r, lv.interactions, lv.decay + 2.0 * lam, y_max)
     y, (s_stop, y_stop), stats, result = integrate(
         _LOG_TERM,
         solver,
@@ -169,12 +230,12 @@ def solve_lv(
         pending=pending,
         dt0=dt0,
         max_steps=max_steps,
-        adjoint=adjoint,
+        adjoint=default_adjoint(adjoint),
         throw=throw,
         inverse=inverse,
         on_max_steps="Some modes were still moving when it stopped: with "
         "`throw=False` the Solution's `stats['moving']` marks them. Increase "
-        "`max_steps`, or loosen `atol`.",
+        "`max_steps`, or loosen the tolerance (`lv_stepsize_controller(atol)`).",
     )
     stats["moving"] = moving(y_stop, _rates(y_stop, args), times[-1] - s_stop)
     m = modes(y)
@@ -334,8 +395,8 @@ def _shared_basis(task, C, dtype, rel, seed):
 @renamed_keywords(eta="learning_rate")
 def lv_reduce(
     task,
-    learning_rate: float,
-    weight_decay: float = 0.0,
+    learning_rate: float | None = None,
+    weight_decay: float | None = None,
     *,
     tol: float | None = None,
     degeneracy_tol: float | None = None,
@@ -348,12 +409,15 @@ def lv_reduce(
     $M(t) = \sum_k m_k(t) u_k u_k^\top$ solves the M-space flow when $M_0$ is
     diagonal in that basis, with
 
-    $$r_k = 4\eta\, u_k^\top C u_k, \qquad
-    B_{kl} = 4\eta\,\langle u_k u_k^\top, K[u_l u_l^\top]\rangle, \qquad
-    \delta = 2\eta\lambda,$$
+    $$r_k = 4\, u_k^\top C u_k, \qquad
+    B_{kl} = 4\,\langle u_k u_k^\top, K[u_l u_l^\top]\rangle,$$
 
-    `loss_scale = 1/(4 eta)` and `loss_offset = E|y|^2/2`, so
-    `lv.loss(m) == task.loss(basis @ diag(m) @ basis.T)`.
+    no decay, `loss_scale = 1/4` and `loss_offset = E|y|^2/2`, so
+    `lv.loss(m) == task.loss(basis @ diag(m) @ basis.T)`. The system is in flow
+    time $s = \int \eta\, dt$: the learning rate and the weight decay are
+    `solve_lv`'s arguments, as they are `solve_mflow`'s, so
+    `solve_lv(lv, m0, ts, learning_rate, weight_decay)` is
+    `solve_mflow(task, M0, ts, learning_rate, weight_decay)` in the modes.
 
     The basis: eigenvectors of `C`; eigenvalues closer than `degeneracy_tol`
     (relative to the largest) form degenerate eigenspaces, inside which the basis
@@ -372,16 +436,16 @@ def lv_reduce(
     is applied `O(p)` times) on concrete arrays; under `jax.jit`, `vmap`, `grad`
     or `shard_map` it raises a `ValueError` saying so. For a `PowerLawTask` the
     standard basis is returned without any search, and
-    `PowerLawTask.lotka_volterra(learning_rate)` gives the system without the
-    `p x p` basis (and under `jit`).
+    `PowerLawTask.lotka_volterra()` gives the system without the `p x p` basis
+    (and under `jit`).
 
     **Arguments:**
 
     - `task`: a `Task`.
-    - `learning_rate`: $\eta > 0$; time counts steps (`lv_reduce(task, 1.0)`
-      for `solve_lv` with a schedule). `eta=` is accepted for one release, with a
-      `DeprecationWarning`.
-    - `weight_decay`: $\lambda \ge 0$ on `W` (default 0).
+    - `learning_rate`, `weight_decay`: deprecated (`DeprecationWarning`; `eta=`
+      too): the system built at them, rates times $\eta$ and decay
+      $2\eta\lambda$, in steps, as in earlier releases. Pass them to `solve_lv`
+      instead.
     - `tol`: the largest accepted relative violation (default 1e-6 in float64,
       1e-3 in float32).
     - `degeneracy_tol`: relative gap below which eigenvalues count as degenerate
@@ -392,8 +456,8 @@ def lv_reduce(
     `(p, p)`, modes as columns, so `m0 = diag(basis^T M0 basis)`.
 
     **Raises:** `NotReducibleError` (a `ValueError`) carrying `.violation` when
-    the violation exceeds `tol`; `ValueError` for `learning_rate <= 0`,
-    `weight_decay < 0` or traced arguments.
+    the violation exceeds `tol`; `ValueError` for a deprecated
+    `learning_rate <= 0` or `weight_decay < 0`, or traced arguments.
     """
     if not isinstance(task, Task):
         raise ValueError(f"`task` must be a Task, got {type(task)}.")
@@ -401,9 +465,19 @@ def lv_reduce(
         raise ValueError(
             "`lv_reduce` runs eagerly (it searches for a basis with numpy); call it "
             "outside jax.jit/vmap/grad. For power-law tasks use "
-            "`task.lotka_volterra(learning_rate)`, which traces."
+            "`task.lotka_volterra()`, which traces."
         )
-    eta_f, lam_f = float(np.asarray(learning_rate)), float(np.asarray(weight_decay))
+    if learning_rate is not None or weight_decay is not None:
+        warnings.warn(
+            "lv_reduce(task, learning_rate, weight_decay) is deprecated: "
+            "lv_reduce(task) returns the system in flow time; pass the learning "
+            "rate and the weight decay to solve_lv(lv, m0, ts, learning_rate, "
+            "weight_decay).",
+            DeprecationWarning,
+            stacklevel=3,  # past renamed_keywords' wrapper
+        )
+    eta_f = 1.0 if learning_rate is None else float(np.asarray(learning_rate))
+    lam_f = 0.0 if weight_decay is None else float(np.asarray(weight_decay))
     if not (np.isfinite(eta_f) and eta_f > 0):
         raise ValueError(f"`learning_rate` must be > 0 and finite, got {eta_f}.")
     if not (np.isfinite(lam_f) and lam_f >= 0):

@@ -26,6 +26,8 @@ from ._integrate import (
     Solution,
     check_learning_rate,
     check_times,
+    default_adjoint,
+    deprecated_tolerances,
     flow_times,
     integrate,
     step_size_controller,
@@ -78,12 +80,12 @@ def solve_mflow(
     t0: float | None = 0.0,
     solver: diffrax.AbstractSolver | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
-    adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     throw: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> Solution:
     r"""Integrate the closed flow of $M = W W^\top$ and return it at `ts`.
 
@@ -113,14 +115,16 @@ def solve_mflow(
     dense products seeds it, as in W-space training at that precision;
     `solve_lv` is the engine for that regime when the task reduces.
 
-    The default solver is the implicit `diffrax.Kvaerno5` (the flow is stiff once
-    modes switch on); its dense Jacobian has `p^4` entries, so for large `p` pass
-    an explicit solver such as `diffrax.Tsit5()`.
+    **Default:** `diffrax.Kvaerno5()` with `diffrax.PIDController(rtol=1e-9,
+    atol=1e-9)` in float64, `(rtol=1e-5, atol=1e-6)` in float32 (`dt0` chosen by
+    diffrax, `max_steps=100_000`, `RecursiveCheckpointAdjoint`). Kvaerno5 is
+    implicit (the flow is stiff once modes switch on); its dense Jacobian has
+    `p^4` entries, so for large `p` pass an explicit solver such as
+    `diffrax.Tsit5()`.
 
     Gradients with respect to the task, a constant `learning_rate`,
-    `weight_decay` and `M0` go through `adjoint` (default
-    `RecursiveCheckpointAdjoint`); the square root of `M0` has a custom derivative
-    that stays finite for degenerate eigenvalues.
+    `weight_decay` and `M0` go through `adjoint`; the square root of `M0` has a
+    custom derivative that stays finite for degenerate eigenvalues.
 
     **Arguments:**
 
@@ -134,16 +138,15 @@ def solve_mflow(
     - `momentum`, `discrete`: the clock of a schedule or of momentum (see
       `clock`; default: no momentum, the clock of the optimizer's steps).
     - `t0`: the time at which `M = M0` (default 0; `None` means `ts[0]`).
-    - `solver`, `dt0`, `max_steps`, `adjoint`: diffrax options. `dt0=None` lets
-      diffrax choose the first step; `max_steps >= 1`.
-    - `stepsize_controller`: a diffrax step-size controller (default
-      `diffrax.PIDController(rtol, atol)`).
-    - `rtol`, `atol`: the default controller's tolerances, finite and `>= 0`;
-      1e-9 in float64 and (1e-5, 1e-6) in float32. Not together with
-      `stepsize_controller`.
+    - `solver`, `stepsize_controller`, `adjoint`: diffrax objects; `None` is the
+      default above. A controller's `rtol`/`atol` must be finite and `>= 0`.
+    - `dt0`: the first step (`None`: diffrax chooses); `max_steps >= 1`.
     - `throw`: raise if the solve fails (e.g. `max_steps` reached). With
       `throw=False` (vmapped sweeps) a failed solve returns NaN everywhere; the
       step limit never truncates a solution silently.
+    - `rtol`, `atol`: deprecated (`DeprecationWarning`): pass
+      `stepsize_controller=diffrax.PIDController(rtol=..., atol=...)`; a missing
+      one takes its default above, as before. Not with `stepsize_controller`.
 
     **Returns:** a `Solution` with `ys = M(ts)`, shape `(T, p, p)`, and `loss =
     task.loss(M(ts))`, shape `(T,)`.
@@ -169,6 +172,12 @@ def solve_mflow(
     lam = nonnegative("weight_decay", jnp.asarray(weight_decay, dtype))
     check_shape("weight_decay", lam, ())
     ts, t_start = check_times(ts, dtype, t0)
+    deprecated_tolerances(
+        rtol,
+        atol,
+        "diffrax.PIDController(rtol=..., atol=...)",
+        stacklevel=4,  # past renamed_keywords' wrapper
+    )
     controller, pending = step_size_controller(
         stepsize_controller, rtol, atol, _default_tolerances(dtype)
     )
@@ -193,10 +202,11 @@ def solve_mflow(
         pending=pending,
         dt0=dt0,
         max_steps=max_steps,
-        adjoint=adjoint,
+        adjoint=default_adjoint(adjoint),
         throw=throw,
         inverse=inverse,
-        on_max_steps="Increase `max_steps` or loosen `rtol`/`atol`; "
+        on_max_steps="Increase `max_steps` or loosen the step-size controller's "
+        "tolerances; "
         "`throw=False` returns the step counts in `Solution.stats`.",
     )
     M = jnp.exp(2.0 * s)[:, None, None] * jnp.einsum("tij,tkj->tik", V, V)

@@ -147,7 +147,7 @@ def compare_methods(
     For each method: the network is trained from `W0` (`train_method`, `seeds`
     minibatch keys for stochastic methods, vmapped), recording the mode
     amplitudes $m_k = u_k^\top M u_k$ in `basis` (default: the Lotka-Volterra
-    basis of `lv_reduce(task_from_samples(structure, xs, ys), 1.0)`); the
+    basis of `lv_reduce(task_from_samples(structure, xs, ys))`); the
     M-space flow from $M_0 = W_0 W_0^\top$ is run on the method's clock
     (`solve_mflow` with the schedule: exact gradient flow for any `W0`, aligned
     or not).
@@ -312,13 +312,21 @@ def _reference(structure, xs, ys, W0, basis, weight_decay, engine) -> _Reference
     lv_unit = None
     if basis is None:  # the reduction at the LV engine's tolerance
         tol = engine.tol if isinstance(engine, LVEngine) else None
-        lv_unit, basis = lv_reduce(task, 1.0, weight_decay, tol=tol)
+        lv_unit, basis = lv_reduce(task, tol=tol)
     basis = jnp.asarray(basis, W0.dtype)
     M0 = W0 @ W0.T
     m0 = np.asarray(jnp.diag(basis.T @ M0 @ basis))
     s_theory = None
     if lv_unit is not None:
-        s_theory = np.asarray(switch_on_times(lv_unit, np.maximum(m0, 1e-300)))
+        # the switch-on theory reads the system's decay: 2 lambda per unit of s
+        decayed = LotkaVolterra(
+            lv_unit.r,
+            lv_unit.interactions,
+            2.0 * weight_decay,
+            loss_scale=lv_unit.loss_scale,
+            loss_offset=lv_unit.loss_offset,
+        )
+        s_theory = np.asarray(switch_on_times(decayed, np.maximum(m0, 1e-300)))
     return _Reference(task, lv_unit, basis, W0, M0, m0, s_theory)
 
 
@@ -355,6 +363,7 @@ def _reference_flow(mth, ref, record, weight_decay, reference, extra):
         np.maximum(ref.m0, np.finfo(ref.m0.dtype).tiny),
         ts,
         mth.learning_rate,
+        weight_decay,
         momentum=mth.clock_momentum,
         **extra,
     )

@@ -181,7 +181,7 @@ def _problem(cfg: DemoConfig) -> _Problem:
     structure = Perceptron(d=cfg.d, k=cfg.k)
     xs, ys = _whitened_teacher(cfg)
     task = task_from_samples(structure, xs, ys)
-    lv, basis = lv_reduce(task, cfg.learning_rate)
+    lv, basis = lv_reduce(task)  # in flow time: s = learning_rate * steps
     # the modes that grow: r above roundoff (the teacher's null directions have
     # r = 0 up to ~1e-35, of either sign)
     r = np.asarray(lv.r)
@@ -189,12 +189,14 @@ def _problem(cfg: DemoConfig) -> _Problem:
     return _Problem(structure, xs, ys, task, lv, np.asarray(basis), learn)
 
 
-def _lv_loss(cfg: DemoConfig, lv, m0, ts) -> np.ndarray:
-    """The loss of one system at `ts`, as the solver returns it: `solve_lv_batch`
-    (a batch of one), or `solve_lv` with `diffrax.Tsit5` when `cfg.explicit_lv`."""
+def _lv_loss(cfg: DemoConfig, lv, m0, ts, learning_rate) -> np.ndarray:
+    """The loss at the steps `ts` of `learning_rate`: `solve_lv_batch` (a batch
+    of one, at the flow times), or `solve_lv` with `diffrax.Tsit5` (`explicit_lv`)."""
     if cfg.explicit_lv:
-        return np.asarray(solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).loss)
-    return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], ts).loss[0])
+        sol = solve_lv(lv, m0, ts, learning_rate, solver=diffrax.Tsit5())
+        return np.asarray(sol.loss)
+    s = learning_rate * jnp.asarray(ts)
+    return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], s).loss[0])
 
 
 class _Engines(NamedTuple):
@@ -240,10 +242,10 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
         M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
         L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
-    L_lv = _lv_loss(cfg, pb.lv, m0, ts)
+    L_lv = _lv_loss(cfg, pb.lv, m0, ts, cfg.learning_rate)
     L_w = np.asarray(res.loss)
     mstar = np.asarray(pb.lv.fixed_point_isolated())[pb.learn]
-    t_pred = np.asarray(switch_on_times(pb.lv, m0))[pb.learn]
+    t_pred = np.asarray(switch_on_times(pb.lv, m0))[pb.learn] / cfg.learning_rate
     t_meas = _crossing_times(record, np.asarray(res.m)[:, pb.learn], mstar / 2)
     # eps: the typical initial amplitude of a learned mode, m_k(0) ~ sigma^2 width
     log_eps = float(-np.log(np.median(m0[pb.learn])))
@@ -267,7 +269,8 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
 
 def _staircase(cfg: DemoConfig, lv, m0, log_eps):
     """The singular limit, and LV at shrinking eps with the same exponents
-    `q_k(0) = ln m0_k / ln(1/eps)`: in rescaled time they approach the staircase
+    `q_k(0) = ln m0_k / ln(1/eps)`: in rescaled time (flow time over
+    `ln(1/eps)`; steps over it at unit learning rate) they approach the staircase
     (errors ~ 1 / ln(1/eps)). Labelled with eps and the init scale it stands for:
     a typical amplitude `eps^c` is that of an init scale of about
     `sigma eps^((c-1)/2)` (as `eps ~ sigma^2 width`)."""
@@ -278,7 +281,7 @@ def _staircase(cfg: DemoConfig, lv, m0, log_eps):
     rescaled = {}
     for c in (1, 2, 4, 8):
         loss_c = _lv_loss(
-            cfg, lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps)
+            cfg, lv, np.exp(c * np.log(m0)), jnp.asarray(tau_grid * c * log_eps), 1.0
         )
         # typical amplitude eps^c: an init scale of about sigma eps^((c-1)/2)
         eps, sigma = (
@@ -343,21 +346,22 @@ def _init_scale_sweep(cfg: DemoConfig, pb: _Problem) -> _Sweep:
         [_crossing_times(record, np.asarray(m), mstar / 2) for m in out.outputs]
     )
     m0_unit = np.diag(pb.basis.T @ Z @ Z.T @ pb.basis)
-    predicted = np.stack(
-        [np.asarray(switch_on_times(pb.lv, s**2 * m0_unit))[pb.learn] for s in scales]
-    )
+    # the system's flow times, in steps
+    flow = [np.asarray(switch_on_times(pb.lv, s**2 * m0_unit)) for s in scales]
+    predicted = np.stack(flow)[:, pb.learn] / cfg.learning_rate
     x = np.log(1 / scales)
     slopes = np.array(
         [np.polyfit(x[np.isfinite(t)], t[np.isfinite(t)], 1)[0] for t in times.T]
     )
-    return _Sweep(x, times, predicted, slopes, 2 / np.asarray(pb.lv.r)[pb.learn])
+    rates = cfg.learning_rate * np.asarray(pb.lv.r)[pb.learn]  # per step
+    return _Sweep(x, times, predicted, slopes, 2 / rates)
 
 
 def _power_law(cfg: DemoConfig) -> dict:
     """A power-law task of many independent modes: simulated, fitted, predicted."""
     learning_rate = 0.25  # 4 learning_rate = 1: r_k = k^-(alpha + beta)
     a, b, p, eps = cfg.alpha, cfg.beta, cfg.power_law_modes, cfg.power_law_eps
-    lv = power_law_task(p, a, b).lotka_volterra(learning_rate)  # B diagonal
+    lv = power_law_task(p, a, b).lotka_volterra()  # in flow time; B diagonal
     # the modes beyond p stay unlearned until after the window: keep their loss,
     # sum_{k > p} lam_k m*_k^2 / 2 (a Hurwitz zeta), so that the curve inside the
     # window is that of the infinite spectrum
@@ -375,12 +379,13 @@ def _power_law(cfg: DemoConfig) -> dict:
     if cfg.closed_form_power_law:
         # independent modes without decay are exactly logistic:
         # m_k(t) = m*_k / (1 + (m*_k / eps - 1) e^{-r_k t})
-        r, mstar = np.asarray(lv.r), np.asarray(lv.fixed_point_isolated())
+        r = learning_rate * np.asarray(lv.r)  # per step
+        mstar = np.asarray(lv.fixed_point_isolated())
         m = mstar / (1 + (mstar / eps - 1) * np.exp(-np.outer(ts, r)))
     else:
-        m = solve_lv(lv, jnp.full(p, eps), jnp.asarray(ts)).ys
+        m = solve_lv(lv, jnp.full(p, eps), jnp.asarray(ts), learning_rate).ys
     loss = _loss_curve(lv, jnp.asarray(m))
-    sharp = np.asarray(sharp_switch_loss(lv, eps, jnp.asarray(ts)))
+    sharp = np.asarray(sharp_switch_loss(lv, eps, learning_rate * jnp.asarray(ts)))
     fit = fit_power_law(ts, loss, window=window)
     # only its exponent is used: the Laplace error skips the refits
     fit_sharp = fit_power_law(ts, sharp, window=window, uncertainty="laplace")

@@ -179,21 +179,23 @@ class MFlowEngine(AbstractEngine):
         )
 
 
-def _exact_violation(task, eta, weight_decay):
+def _exact_violation(task):
     """The violation of an accepted reduction, measured again at `tol = 0`
     (`lv_reduce` reports it only when it refuses)."""
     try:
-        lv_reduce(task, eta, weight_decay, tol=0.0)
+        lv_reduce(task, tol=0.0)
     except NotReducibleError as e:
         return e.violation
     return 0.0
 
 
-def _solve_lv_run(options, lv, basis, M0, ts, **labels) -> EngineRun:
+def _solve_lv_run(
+    options, lv, basis, M0, ts, eta, weight_decay, **labels
+) -> EngineRun:
     """`solve_lv` from $m_0 = \\mathrm{diag}(U^\\top M_0 U)$; the modes are the
     columns of the basis, by decreasing last value."""
     m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
-    sol = solve_lv(lv, m0, ts, **options)
+    sol = solve_lv(lv, m0, ts, eta, weight_decay, **options)
     m = np.asarray(sol.ys, np.float64)
     order = np.argsort(-m[-1], kind="stable")
     vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
@@ -208,13 +210,15 @@ def _solve_lv_run(options, lv, basis, M0, ts, **labels) -> EngineRun:
 
 
 def _exact_lv_run(engine, task, M0, ts, eta, weight_decay, lv, basis) -> EngineRun:
-    violation = _exact_violation(task, eta, weight_decay)
+    violation = _exact_violation(task)
     return _solve_lv_run(
         _options(engine),
         lv,
         basis,
         M0,
         ts,
+        eta,
+        weight_decay,
         engine="lv",
         reason=f"exact Lotka-Volterra reduction (violation {violation:.3g})",
         violation=violation,
@@ -252,15 +256,18 @@ class LVEngine(AbstractEngine):
         m0: Float[ArrayLike, " p"],
         ts: Float[ArrayLike, " T"],
         learning_rate=1.0,
+        weight_decay=0.0,
         **kwargs,
     ) -> Solution:
-        """`solve_lv(lv, m0, ts, learning_rate, **kwargs)` with this engine's
-        solver options (`kwargs`: its others, e.g. `momentum`)."""
-        return solve_lv(lv, m0, ts, learning_rate, **_options(self), **kwargs)
+        """`solve_lv(lv, m0, ts, learning_rate, weight_decay, **kwargs)` with this
+        engine's solver options (`kwargs`: its others, e.g. `momentum`)."""
+        return solve_lv(
+            lv, m0, ts, learning_rate, weight_decay, **_options(self), **kwargs
+        )
 
     def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
         """**Raises:** `NotReducibleError` where the data do not reduce."""
-        lv, basis = lv_reduce(task, learning_rate, weight_decay, tol=self.tol)
+        lv, basis = lv_reduce(task, tol=self.tol)
         return _exact_lv_run(self, task, M0, ts, learning_rate, weight_decay, lv, basis)
 
 
@@ -288,15 +295,17 @@ class ApproximateLVEngine(AbstractEngine):
     def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
         eta = learning_rate
         try:
-            lv, basis = lv_reduce(task, eta, weight_decay, tol=self.tol)
+            lv, basis = lv_reduce(task, tol=self.tol)
         except NotReducibleError as e:
-            lv, basis = lv_reduce(task, eta, weight_decay, tol=np.inf)
+            lv, basis = lv_reduce(task, tol=np.inf)
             return _solve_lv_run(
                 _options(self),
                 lv,
                 basis,
                 M0,
                 ts,
+                eta,
+                weight_decay,
                 engine="approximate_lv",
                 reason="approximate Lotka-Volterra system in the eigenbasis of C "
                 f"(violation of commutation {e.violation:.3g})",

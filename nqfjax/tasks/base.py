@@ -87,12 +87,14 @@ class Task(eqx.Module):
         return 0.5 * frobenius(M, self._K(M)) - frobenius(self.C, M) + 0.5 * self.y2
 
     def known_reduction(
-        self, eta, weight_decay=0.0
+        self, eta=1.0, weight_decay=0.0
     ) -> tuple[LotkaVolterra, Float[Array, "p p"]] | None:
         """The Lotka-Volterra reduction `(lv, basis)` when the task knows it in
         closed form, else `None` (the default), in which case `nqfjax.lv_reduce`
         searches for the shared eigenbasis numerically. Tasks whose basis is known
         (independent modes, say) override this so that `lv_reduce` needs no
-        search."""
+        search. The system is in flow time at the defaults (`lv_reduce(task)`);
+        `eta` and `weight_decay` carry `lv_reduce`'s deprecated arguments for one
+        release (rates times `eta`, decay `2 eta weight_decay`)."""
         del eta, weight_decay
         return None

@@ -30,11 +30,11 @@ class LotkaVolterra(eqx.Module):
 
     $$\frac{dm_k}{dt} = m_k\Big(r_k - \sum_l B_{kl} m_l\Big) - \delta\, m_k .$$
 
-    With `learning_rate` the learning rate and `lam` the weight decay on `W`,
-    `r_k = 4 learning_rate u_k^T C u_k`,
-    `B_kl = 4 learning_rate <u_k u_k^T, K[u_l u_l^T]>` and
-    `decay = 2 learning_rate lam`; time counts gradient steps (see the
-    documentation's theory pages).
+    The system of a task (`lv_reduce(task)`) holds its data only, in flow time
+    $s = \int \eta\, dt$: `r_k = 4 u_k^T C u_k`,
+    `B_kl = 4 <u_k u_k^T, K[u_l u_l^T]>`, no decay (see the documentation's
+    theory pages). The learning rate and the weight decay on `W` of a training
+    run are `solve_lv`'s arguments, as they are `solve_mflow`'s.
 
     `B` is the field `interactions`, an `AbstractInteractions` whose type is its
     form (see `nqfjax/tasks/interactions.py`):
@@ -67,11 +67,13 @@ class LotkaVolterra(eqx.Module):
     - `r`: growth rates, shape `(p,)`, finite.
     - `B`: the interactions: an `AbstractInteractions` of size `p`, or an array
       of shape `(p, p)`, finite, symmetric positive semi-definite.
-    - `decay`: the weight-decay rate `delta >= 0` (default 0).
+    - `decay`: the system's own death rate `delta >= 0` per unit of its time
+      (default 0; a training run's weight decay is `solve_lv`'s
+      `weight_decay`, which adds `2 weight_decay` to it).
     - `B_diag`, `B_factor`: instead of `B`, the diagonal-plus-low-rank form.
     - `loss_scale`, `loss_offset`: `loss(m) = loss_scale * (m^T B m / 2 - r^T m)
-      + loss_offset`; `lv_reduce` sets them (`1/(4 learning_rate)` and
-      `E|y|^2 / 2`) so that `loss` is the task's loss at the diagonal `M`.
+      + loss_offset`; `lv_reduce` sets them (`1/4` and `E|y|^2 / 2`) so that
+      `loss` is the task's loss at the diagonal `M`.
 
     **Fields:** `r`, `interactions`, `decay`, `loss_scale`, `loss_offset`.
     `lv.interactions(m)` is `B m` (the module is callable, as before this field

@@ -1,6 +1,8 @@
 r"""Independent modes with power-law spectra (`power_law_task`): the task whose
 Lotka-Volterra reduction gives a power law in time."""
 
+import warnings
+
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -32,7 +34,7 @@ class PowerLawTask(Task):
     $\lambda_k = k^{-\alpha}$, $m^\star_k = k^{-\beta}$, so the loss vanishes at
     $M = \mathrm{diag}(m^\star)$ and an unlearned mode costs
     $\lambda_k {m^\star_k}^2 / 2$. Only the vectors are stored; `C` is formed on
-    access. For many modes use `lotka_volterra(learning_rate)` directly instead of
+    access. For many modes use `lotka_volterra()` directly instead of
     `lv_reduce` (which returns a dense `p x p` basis).
 
     Build with `power_law_task`.
@@ -61,12 +63,31 @@ class PowerLawTask(Task):
         return jnp.diag(self.lam * jnp.diag(X))
 
     @renamed_keywords(eta="learning_rate")
-    def lotka_volterra(self, learning_rate, weight_decay=0.0):
-        r"""The exact Lotka-Volterra reduction in the standard basis at learning
-        rate $\eta$ (`learning_rate`; `eta=` is accepted for one release):
-        $r_k = 4\eta\lambda_k m^\star_k$, $B = 4\eta\,\mathrm{diag}(\lambda)$,
-        `decay = 2 eta weight_decay`, with `loss` equal to the task's loss.
-        Works under `jit`/`grad` (unlike `lv_reduce`, which runs eagerly)."""
+    def lotka_volterra(self, learning_rate=None, weight_decay=None):
+        r"""The exact Lotka-Volterra reduction in the standard basis, in flow time
+        (as `lv_reduce(task)`): $r_k = 4\lambda_k m^\star_k$,
+        $B = 4\,\mathrm{diag}(\lambda)$, no decay, with `loss` equal to the
+        task's loss; the learning rate and the weight decay are `solve_lv`'s.
+        Works under `jit`/`grad` (unlike `lv_reduce`, which runs eagerly).
+
+        `learning_rate`, `weight_decay` (and `eta=`) are deprecated
+        (`DeprecationWarning`): the system built at them, rates times $\eta$
+        and `decay = 2 eta weight_decay`, as in earlier releases."""
+        if learning_rate is not None or weight_decay is not None:
+            warnings.warn(
+                "PowerLawTask.lotka_volterra(learning_rate, weight_decay) is "
+                "deprecated: lotka_volterra() returns the system in flow time; pass "
+                "the learning rate and the weight decay to solve_lv(lv, m0, ts, "
+                "learning_rate, weight_decay).",
+                DeprecationWarning,
+                stacklevel=4,  # past renamed_keywords' and equinox's method wrappers
+            )
+        return self._system(
+            1.0 if learning_rate is None else learning_rate,
+            0.0 if weight_decay is None else weight_decay,
+        )
+
+    def _system(self, learning_rate, weight_decay):
         eta = positive("learning_rate", jnp.asarray(learning_rate, self.dtype))
         return LotkaVolterra(
             4.0 * eta * self.lam * self.mstar,
@@ -76,10 +97,11 @@ class PowerLawTask(Task):
             loss_offset=0.5 * self.y2,
         )
 
-    def known_reduction(self, eta, weight_decay=0.0):
-        """`(self.lotka_volterra(eta, weight_decay), identity)`: the modes are the
+    def known_reduction(self, eta=1.0, weight_decay=0.0):
+        """`(system, identity)`: the system of `lotka_volterra()` (at `eta` and
+        `weight_decay` for `lv_reduce`'s deprecated arguments); the modes are the
         standard basis, so `lv_reduce` needs no search."""
-        return self.lotka_volterra(eta, weight_decay), jnp.eye(self.p, dtype=self.dtype)
+        return self._system(eta, weight_decay), jnp.eye(self.p, dtype=self.dtype)
 
 
 def power_law_task(p: int, alpha, beta, *, dtype=None) -> PowerLawTask:
