@@ -12,6 +12,7 @@ one-line `nqfjax: error: ...` on stderr and exit status 2; an interrupt
 
 import argparse
 import gc
+import math
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import jax
 
 import nqfjax
 from nqfjax import experiments
+from nqfjax.analysis.spectrum import DEFAULT_SPECTRUM_METHOD, SPECTRUM_METHODS
+from nqfjax.experiments._summaries import lazy_exponent
 from nqfjax.experiments.predict_file import DEFAULT_WIDTH
 from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
@@ -211,8 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--spectrum-method",
-        choices=("logistic", "solve_lv"),
-        default="logistic",
+        choices=SPECTRUM_METHODS,
+        default=DEFAULT_SPECTRUM_METHOD,
         help="how the spectrum model's modes are computed: the closed-form "
         "logistic curve (default, fast) or the ODE solver solve_lv (slow)",
     )
@@ -322,7 +325,8 @@ _GRID_KEYS = ("optimizer", "architecture", "init_scale", "learning_rate", "seed"
 
 
 def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
+    """A number to 4 digits; `n/a` for `None`, NaN or inf (JSON's `null`)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
 def _fit(args) -> None:
@@ -330,7 +334,7 @@ def _fit(args) -> None:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
     check_output_dir(out, "--out")
-    summary = experiments.fit_curve_file(
+    result = experiments.fit_curve_file(
         args.curve,
         out,
         time_column=args.time_column,
@@ -341,47 +345,57 @@ def _fit(args) -> None:
         forecast_to=args.forecast_to,
         progress=not args.quiet,
     )
-    print(f"nqfjax fit: {summary['n_points']} points from {args.curve}")
-    model = summary["model"]
-    if "error" in model or "reason" in model:
-        print(f"  shape:     {model.get('error') or model['reason']}")
-    else:
-        print(
-            f"  shape:     {model['best']} (by {model['criterion']}; runner-up "
-            f"{model['runner_up'] or 'none'}: {model['why'] or '-'})"
+    analysis = result.analysis
+    print(f"nqfjax fit: {analysis.ts.size} points from {args.curve}")
+    for label, name in _FIT_LINES:
+        step = getattr(analysis, name)
+        if step is not None:
+            print(f"  {label + ':':11s}{_fit_line(step, analysis)}")
+    for name in ("summary", "figure"):
+        print(f"  {name + ':':9s}{result.files[name]}")
+
+
+# the lines of `nqfjax fit`, in order: (label, `CurveAnalysis` field)
+_FIT_LINES = (
+    ("shape", "model"),
+    ("plateaus", "plateaus"),
+    ("power law", "power_law"),
+    ("spectrum", "spectrum"),
+    ("forecast", "forecast"),
+)
+
+
+def _fit_line(step, analysis) -> str:
+    """One step of a `CurveAnalysis` as the text after its label."""
+    if isinstance(step, experiments.Failed):
+        return step.error
+    if isinstance(step, experiments.Skipped):
+        return step.reason
+    if isinstance(step, nqfjax.ModelSelection):
+        return (
+            f"{step.best} (by {step.criterion}; runner-up {step.runner_up or 'none'}: "
+            f"{step.why or '-'})"
         )
-    pl = summary["plateaus"]
-    print("  plateaus:  " + (pl.get("error") or pl.get("reason") or str(pl["count"])))
-    law = summary["power_law"]
-    if "error" in law or "reason" in law:  # failed, or nothing to fit
-        print(f"  power law: {law.get('error') or law['reason']}")
-    else:
-        lo, hi = law["window"]
-        print(
-            f"  power law: gamma = {_fmt(law['gamma'])} +- {_fmt(law['gamma_err'])} "
+    if isinstance(step, nqfjax.Plateaus):
+        return str(len(step)) if len(step) else step.reason
+    if isinstance(step, nqfjax.PowerLawFit):
+        lo, hi = step.window
+        return (
+            f"gamma = {_fmt(float(step.gamma))} +- {_fmt(float(step.gamma_err))} "
             f"on t in [{lo:.3g}, {hi:.3g}]"
         )
-    spec = summary.get("spectrum")
-    if spec is not None and ("error" in spec or "reason" in spec):
-        print(f"  spectrum:  {spec.get('error') or spec['reason']}")
-    elif spec is not None:
-        print(
-            f"  spectrum:  alpha = {_fmt(spec['alpha'])}, beta = {_fmt(spec['beta'])};"
-            f" predicted gamma = {_fmt(spec['gamma_rich'])} (rich), "
-            f"{_fmt(spec['gamma_lazy'])} (lazy)"
+    if isinstance(step, nqfjax.SpectrumFit):
+        a, b = float(step.alpha), float(step.beta)
+        return (
+            f"alpha = {_fmt(a)}, beta = {_fmt(b)}; predicted gamma = "
+            f"{_fmt(float(step.gamma))} (rich), {_fmt(lazy_exponent(a, b))} (lazy)"
         )
-    fc = summary.get("forecast")
-    if fc is not None and ("error" in fc or "reason" in fc):
-        print(f"  forecast:  {fc.get('error') or fc['reason']}")
-    elif fc is not None:
-        lo, hi = fc["final_band"]
-        nxt = ", ".join(f"{t:.4g}" for t in fc["next_switch_on_times"]) or "none"
-        print(
-            f"  forecast:  loss {_fmt(fc['final_level'])} (band {lo:.3g} to "
-            f"{hi:.3g}) at t = {fc['until']:.4g}; next switch-ons at t = {nxt}"
-        )
-    for name in ("summary", "figure"):
-        print(f"  {name + ':':9s}{summary['files'][name]}")
+    lo, hi = float(step.final_lower), float(step.final_upper)  # a Forecast
+    nxt = ", ".join(f"{float(t):.4g}" for t in step.switch_on_times) or "none"
+    return (
+        f"loss {_fmt(float(step.final_level))} (band {lo:.3g} to {hi:.3g}) at t = "
+        f"{analysis.forecast_to:.4g}; next switch-ons at t = {nxt}"
+    )
 
 
 _PREDICT = """\

@@ -9,8 +9,11 @@ generalisation, the finite-data map) are reached as `nqfjax.NAME`; only the
 drivers are reached here, as `nqfjax.experiments.NAME`.
 """
 
+from ._outcomes import Failed as Failed, Skipped as Skipped
 from .curve import (
     Curve as Curve,
+    CurveAnalysis as CurveAnalysis,
+    FitOutput as FitOutput,
     analyse_curve as analyse_curve,
     fit_curve_file as fit_curve_file,
     read_curve_csv as read_curve_csv,
@@ -27,6 +30,10 @@ from .sweep_run import run_sweep_config as run_sweep_config
 
 __all__ = [
     "Curve",
+    "CurveAnalysis",
+    "Failed",
+    "FitOutput",
+    "Skipped",
     "DemoConfig",
     "SweepConfig",
     "analyse_curve",
