@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -62,18 +63,25 @@ class DemoConfig:
     it (measured: the slowest mode's slope 19% low over 1e-4..1e-10, and with 8x
     larger singular values 7% low over 1e-3..1e-7).
 
-    The Lotka-Volterra systems are integrated with `solve_lv_batch` (the same
-    steps and numbers as `solve_lv`'s default Rosenbrock solver, in one loop
-    whose compiled program JAX's persistent cache can keep across runs), or with
-    `solve_lv` and an explicit solver (`diffrax.Tsit5`) when `explicit_lv`.
-    `explicit_mflow` integrates the M-space flow with `diffrax.Tsit5` (enough for
-    this small, mildly stiff problem and much quicker to compile) instead of
-    `solve_mflow`'s default; `closed_form_power_law` takes the power-law curve
-    from the exact logistic solution of its independent modes instead of
-    integrating them. `DemoConfig.quick()` sets these two, and leaves the M-space
-    flow out (`mflow=False`): its diffrax program holds runtime checks (host
-    callbacks), which JAX's persistent cache does not keep, so it compiles again
-    in every process (~3 s, a fifth of a quick run).
+    The solves are chosen by diffrax solvers. `mflow_solver` integrates the
+    M-space flow (default `diffrax.Kvaerno5()`, `solve_mflow`'s; `None` leaves
+    the flow out). `lv_solver` integrates the Lotka-Volterra systems: `None`
+    (the default) is `solve_lv`'s Rosenbrock solver, run by `solve_lv_batch`
+    (the same steps and numbers, in one loop whose compiled program JAX's
+    persistent cache can keep across runs); a diffrax solver (e.g.
+    `diffrax.Tsit5()`) runs `solve_lv` with it. `closed_form_power_law` takes
+    the power-law curve from the exact logistic solution of its independent
+    modes instead of integrating them (no solver at all). `DemoConfig.quick()`
+    sets it, and leaves the M-space flow out (`mflow_solver=None`): its diffrax
+    program holds runtime checks (host callbacks), which JAX's persistent cache
+    does not keep, so it compiles again in every process (~3 s, a fifth of a
+    quick run); `diffrax.Tsit5()` (enough for this small, mildly stiff problem
+    and much quicker to compile) is the solver to draw it with there.
+
+    The booleans `mflow`, `explicit_mflow` and `explicit_lv` are deprecated
+    (one release): `mflow=False` is `mflow_solver=None`, `explicit_mflow=True`
+    is `mflow_solver=diffrax.Tsit5()`, `explicit_lv=True` is
+    `lv_solver=diffrax.Tsit5()`.
     """
 
     d: int = 6
@@ -92,9 +100,10 @@ class DemoConfig:
     beta: float = 0.5
     power_law_eps: float = 1e-16
     seed: int = 0
-    mflow: bool = True
-    explicit_mflow: bool = False
-    explicit_lv: bool = False
+    mflow_solver: diffrax.AbstractSolver | None = dataclasses.field(
+        default_factory=diffrax.Kvaerno5
+    )
+    lv_solver: diffrax.AbstractSolver | None = None
     closed_form_power_law: bool = False
     # tolerances of the agreement checks (those of the library's tests)
     tol_switch_on: float = 0.02
@@ -102,6 +111,50 @@ class DemoConfig:
     tol_slope: float = 0.03
     tol_gamma_sharp: float = 0.01
     tol_gamma_rich: float = 0.05
+    # deprecated (one release): the solver booleans, mapped on construction
+    mflow: bool | None = None
+    explicit_mflow: bool | None = None
+    explicit_lv: bool | None = None
+
+    def __post_init__(self):
+        old = {"mflow": self.mflow, "explicit_mflow": self.explicit_mflow}
+        old["explicit_lv"] = self.explicit_lv
+        given = [name for name, value in old.items() if value is not None]
+        if not given:
+            return
+        warnings.warn(
+            f"DemoConfig's {', '.join(given)} are deprecated: give the solvers, "
+            "`mflow_solver` (None: no M-space flow; explicit_mflow: "
+            "diffrax.Tsit5()) and `lv_solver` (explicit_lv: diffrax.Tsit5()).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        mflow_solver, lv_solver = self.mflow_solver, self.lv_solver
+        if self.mflow and mflow_solver is None:
+            mflow_solver = diffrax.Kvaerno5()
+        if self.explicit_mflow:
+            mflow_solver = diffrax.Tsit5()
+        if self.mflow is False:
+            mflow_solver = None
+        if self.explicit_lv:
+            lv_solver = diffrax.Tsit5()
+        for name, value in (("mflow_solver", mflow_solver), ("lv_solver", lv_solver)):
+            object.__setattr__(self, name, value)
+        for name in old:  # mapped: `dataclasses.replace` does not warn again
+            object.__setattr__(self, name, None)
+
+    def as_dict(self) -> dict:
+        """The configuration as JSON-able values (`report.json`'s `config`): a
+        solver as its class name."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("mflow", "explicit_mflow", "explicit_lv"):
+                continue  # deprecated, mapped to the solvers
+            if isinstance(value, diffrax.AbstractSolver):
+                value = type(value).__name__
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -127,8 +180,7 @@ class DemoConfig:
             sweep_steps=8000,
             power_law_modes=1000,
             power_law_eps=1e-8,
-            mflow=False,
-            explicit_mflow=True,
+            mflow_solver=None,
             closed_form_power_law=True,
         )
 
@@ -191,9 +243,10 @@ def _problem(cfg: DemoConfig) -> _Problem:
 
 def _lv_loss(cfg: DemoConfig, lv, m0, ts) -> np.ndarray:
     """The loss of one system at `ts`, as the solver returns it: `solve_lv_batch`
-    (a batch of one), or `solve_lv` with `diffrax.Tsit5` when `cfg.explicit_lv`."""
-    if cfg.explicit_lv:
-        return np.asarray(solve_lv(lv, m0, ts, solver=diffrax.Tsit5()).loss)
+    (a batch of one) for the default solver, else `solve_lv` with
+    `cfg.lv_solver`."""
+    if cfg.lv_solver is not None:
+        return np.asarray(solve_lv(lv, m0, ts, solver=cfg.lv_solver).loss)
     return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], ts).loss[0])
 
 
@@ -203,7 +256,7 @@ class _Engines(NamedTuple):
 
     record: np.ndarray
     L_w: np.ndarray
-    L_m: np.ndarray | None  # None without `cfg.mflow`
+    L_m: np.ndarray | None  # None without `cfg.mflow_solver`
     L_lv: np.ndarray
     m0: np.ndarray
     t_pred: np.ndarray
@@ -235,8 +288,8 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
     )
     ts = jnp.asarray(record, jnp.float64)
     L_m = None
-    if cfg.mflow:
-        solver = diffrax.Tsit5() if cfg.explicit_mflow else None
+    if cfg.mflow_solver is not None:
+        solver = cfg.mflow_solver
         M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
         L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
