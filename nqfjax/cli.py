@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 
 import nqfjax
 from nqfjax import experiments
@@ -296,28 +297,30 @@ def _sweep(args) -> None:
     check_output_dir(out, "--out")
     # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
     with defer_interrupts():
-        summary = experiments.run_sweep_config(config, out, progress=not args.quiet)
-    for note in summary["checkpoint_warnings"]:
+        result = experiments.run_sweep_config(config, out, progress=not args.quiet)
+    for note in result.checkpoint_warnings:
         print(f"nqfjax: warning: {note}", file=sys.stderr)
-    chunks, files, runs = summary["chunks"], summary["files"], summary["runs"]
+    n_runs = result.step_diverged.size
     print(
-        f"nqfjax sweep: {len(runs)} runs; {chunks['computed']} chunks "
-        f"computed, {chunks['loaded']} loaded from the checkpoint"
+        f"nqfjax sweep: {n_runs} runs; {result.n_computed} chunks "
+        f"computed, {result.n_loaded} loaded from the checkpoint"
     )
-    diverged = summary["diverged"]
-    if diverged["count"]:
+    diverged = np.argwhere(np.isfinite(result.step_diverged))  # in C order
+    if len(diverged):
         print(
-            f"  diverged: {diverged['count']} of {len(runs)} runs (divergence is a "
-            f"result: {diverged['criterion']}):"
+            f"  diverged: {len(diverged)} of {n_runs} runs (divergence is a "
+            f"result: {result.criterion}):"
         )
-        for k in diverged["runs"][:_MAX_LISTED]:
-            run = runs[k]
-            point = ", ".join(f"{key}={run[key]}" for key in _GRID_KEYS)
-            print(f"    {point} (from step {run['step_diverged']:g})")
-        if diverged["count"] > _MAX_LISTED:
-            print(f"    ... and {diverged['count'] - _MAX_LISTED} more (see summary)")
+        grid = result.config.grid
+        for idx in diverged[:_MAX_LISTED]:
+            point = ", ".join(
+                f"{key}={grid[key][i]}" for key, i in zip(_GRID_KEYS, idx)
+            )
+            print(f"    {point} (from step {result.step_diverged[tuple(idx)]:g})")
+        if len(diverged) > _MAX_LISTED:
+            print(f"    ... and {len(diverged) - _MAX_LISTED} more (see summary)")
     for name in ("results", "summary", "figure"):
-        print(f"  {name + ':':9s}{files[name]}")
+        print(f"  {name + ':':9s}{result.files[name]}")
 
 
 _MAX_LISTED = 20

@@ -25,7 +25,7 @@ from .sweep_config import (
     load_sweep_config as load_sweep_config,
     parse_sweep_config as parse_sweep_config,
 )
-from .sweep_run import run_sweep_config as run_sweep_config
+from .sweep_run import SweepOutput as SweepOutput, run_sweep_config as run_sweep_config
 
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Skipped",
     "DemoConfig",
     "SweepConfig",
+    "SweepOutput",
     "analyse_curve",
     "fit_curve_file",
     "load_sweep_config",

@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -22,7 +24,8 @@ from ..engines.train import log_spaced_steps, train
 from ..io import atomic_write, check_output_dir, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter
 from ..structures.base import AbstractStructure
-from ..sweep import defer_interrupts, grid_product, sweep
+from ..sweep import CheckpointWarning, defer_interrupts, grid_product, sweep
+from ._outcomes import DictView
 from .predict import predict
 from .sweep_config import OPTIMIZERS, SweepConfig
 
@@ -63,6 +66,11 @@ def _group_tag(config: SweepConfig, optimizer: str, architecture: str) -> str:
 #: A run counts as diverged from the first recorded step at which its loss is not
 #: finite or exceeds `DIVERGENCE_FACTOR` times its (positive) loss at step 0.
 DIVERGENCE_FACTOR = 1e3
+
+#: The criterion in words (`summary.json`, `nqfjax sweep`).
+DIVERGENCE_CRITERION = (
+    f"a recorded loss not finite or above {DIVERGENCE_FACTOR:g} x the loss at step 0"
+)
 
 
 def _diverged_at(steps: np.ndarray, loss: np.ndarray):
@@ -160,7 +168,7 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
                     tag=_group_tag(config, opt_name, arch),
                 )
             for w in caught:  # the checkpoint's go to the summary, others on
-                if str(w.message).startswith("checkpoint chunk "):
+                if issubclass(w.category, CheckpointWarning):
                     notes.append(str(w.message))
                 else:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -203,12 +211,60 @@ def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
     return runs, [k for k, run in enumerate(runs) if run["diverged"]]
 
 
+class SweepOutput(DictView):
+    """What `run_sweep_config` computed and wrote.
+
+    **Fields:**
+
+    - `config`: the `SweepConfig`.
+    - `steps`: the recorded steps, shape `(R,)`.
+    - `loss`: shape `(n_optimizer, n_architecture, n_init_scale,
+      n_learning_rate, n_seed, R)` (as `results.npz`).
+    - `step_diverged`: the first recorded step at which each run diverged
+      (`DIVERGENCE_CRITERION`), NaN where it did not; `loss.shape[:-1]`.
+    - `predicted_switch_on`: the theory's switch-on times of each mode for the
+      full-batch GD groups, shape `(n_optimizer, n_architecture, n_init_scale,
+      n_learning_rate, K)`, NaN-padded (NaN for the other groups).
+    - `n_chunks`, `n_computed`, `n_loaded`: the checkpoint chunks over every
+      group, computed by this call and loaded.
+    - `damaged`: the chunk files found damaged and recomputed (each group's
+      `SweepResult.damaged`); `checkpoint_warnings`: the checkpoint's
+      `CheckpointWarning`s, each saying which file and why.
+    - `files`: the paths of `results`, `summary`, `figure` and `checkpoint`.
+
+    Reading it as the dict `run_sweep_config` used to return (the content of
+    `summary.json`) is deprecated (one release).
+    """
+
+    config: SweepConfig = eqx.field(static=True)
+    steps: np.ndarray
+    loss: np.ndarray
+    step_diverged: np.ndarray
+    predicted_switch_on: np.ndarray
+    n_chunks: int = eqx.field(static=True)
+    n_computed: int = eqx.field(static=True)
+    n_loaded: int = eqx.field(static=True)
+    damaged: tuple[str, ...] = eqx.field(static=True)
+    checkpoint_warnings: tuple[str, ...] = eqx.field(static=True)
+    files: dict[str, Path] = eqx.field(static=True)
+
+    @property
+    def criterion(self) -> str:
+        """When a run counts as diverged, in words."""
+        return DIVERGENCE_CRITERION
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `summary.json`, with `files` mapped to their paths."""
+        summary = json.loads(Path(self.files["summary"]).read_text())
+        return {**summary, "files": self.files}
+
+
 def run_sweep_config(
     config: SweepConfig,
     out_dir: str | os.PathLike,
     *,
     progress: bool | AbstractProgressMeter = True,
-) -> dict[str, Any]:
+) -> SweepOutput:
     """Train the real network at every point of a configuration's grid and write
     the results.
 
@@ -259,8 +315,9 @@ def run_sweep_config(
       for a `tqdm` bar labelled with the group, `False` for none, or a meter
       (`nqfjax.AbstractProgressMeter`).
 
-    **Returns:** the summary (the content of `summary.json`), with `files`
-    mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
+    **Returns:** a `SweepOutput`: the loss curves, the steps where runs
+    diverged, the predicted switch-on times, the chunk counts and damaged chunk
+    files, and the paths of `results`, `summary`, `figure` and `checkpoint`.
 
     **Raises:** `ValueError` for an output folder that cannot be created or
     written, or a checkpoint from a different configuration or that cannot be
@@ -313,8 +370,7 @@ def run_sweep_config(
             "chunks": counts,
             "checkpoint_warnings": notes,
             "diverged": {
-                "criterion": "a recorded loss not finite or above "
-                f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
+                "criterion": DIVERGENCE_CRITERION,
                 "count": len(diverged),
                 "runs": diverged,
             },
@@ -349,5 +405,16 @@ def run_sweep_config(
         if interrupted():
             raise KeyboardInterrupt
         atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary
+    return SweepOutput(
+        config=config,
+        steps=steps,
+        loss=loss,
+        step_diverged=_diverged_at(steps, loss),
+        predicted_switch_on=switch_on,
+        n_chunks=counts["total"],
+        n_computed=counts["computed"],
+        n_loaded=counts["loaded"],
+        damaged=tuple(counts["damaged"]),
+        checkpoint_warnings=tuple(notes),
+        files={k: out / v for k, v in files.items()},
+    )
