@@ -524,7 +524,7 @@ def _predict(args) -> None:
         raise ValueError("give a data file (DATA.npz or DATA.csv) or --dataset NAME.")
     name = args.dataset if args.data is None else args.data.stem
     out = args.out or Path("nqfjax-out") / f"predict-{name}"
-    summary = experiments.predict_file(
+    result = experiments.predict_file(
         out,
         data=args.data,
         dataset=args.dataset,
@@ -540,17 +540,22 @@ def _predict(args) -> None:
         seed=args.seed,
         progress=not args.quiet,
     )
-    print(f"nqfjax predict: {summary['engine']}: {summary['reason']}")
-    times = ", ".join(f"{t:.4g}" for t in summary["switch_times"] if t is not None)
+    P = result.prediction
+    print(f"nqfjax predict: {P.engine}: {P.reason}")
+    times = np.asarray(P.switch_times, float)
+    times = ", ".join(f"{t:.4g}" for t in times[np.isfinite(times)])
     print(f"  switch-on times (steps): {times or 'none within the horizon'}")
-    for row in summary.get("agreement", {}).get("switch_on", []):
-        err = row["relative_error"]
+    a = result.agreement
+    rows = [] if a is None else zip(a.predicted_times, a.measured_times, a.time_errors)
+    for predicted, measured, err in rows:
+        err = float(err)
         print(
-            f"  trained: predicted {row['predicted']:.4g}, measured "
-            f"{_fmt(row['measured'])} ({'n/a' if err is None else f'{err:+.2%}'})"
+            f"  trained: predicted {float(predicted):.4g}, measured "
+            f"{_fmt(float(measured))} "
+            f"({f'{err:+.2%}' if math.isfinite(err) else 'n/a'})"
         )
     for what in ("summary", "figure"):
-        print(f"  {what + ':':9s}{summary['files'][what]}")
+        print(f"  {what + ':':9s}{result.files[what]}")
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ from .curve import (
     read_curve_csv as read_curve_csv,
 )
 from .demo import DemoConfig as DemoConfig, run_demo as run_demo
-from .predict_file import predict_file as predict_file
+from .predict_file import PredictOutput as PredictOutput, predict_file as predict_file
 from .sweep_config import (
     SweepConfig as SweepConfig,
     load_sweep_config as load_sweep_config,
@@ -33,6 +33,7 @@ __all__ = [
     "CurveAnalysis",
     "Failed",
     "FitOutput",
+    "PredictOutput",
     "Skipped",
     "DemoConfig",
     "SweepConfig",

@@ -1,23 +1,26 @@
 """`nqfjax predict`: a prediction for a data file or a bundled data set, sized
 from the data, written as JSON and a figure, optionally against real training."""
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax.random as jr
 import numpy as np
 
 from .. import plots
 from .._checks import static_int
 from ..data import load_data_file, load_dataset
-from ..engines.train import train
+from ..engines.train import TrainResult, train
 from ..io import jsonable, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter, as_progress_meter
 from ..structures.base import AbstractStructure
 from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
-from .predict import agreement, predict
+from ._outcomes import DictView
+from .predict import Agreement, Prediction, agreement, predict
 
 
 # --------------------------------------------------------------------------------
@@ -104,6 +107,38 @@ def default_hyperparameters(
     return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
 
 
+class PredictOutput(DictView):
+    """What `predict_file` predicted, trained and wrote.
+
+    **Fields:**
+
+    - `source`: the data file, or `dataset:NAME`.
+    - `prediction`: the `Prediction` (engine, why, switch-on times, curve, ...).
+    - `trained`: the `TrainResult` of the real network (`train_network`), or
+      `None`; `agreement`: its `Agreement` with the prediction, or `None`.
+    - `learning_rate`, `num_steps`: those used (given, or the defaults of
+      `default_hyperparameters`).
+    - `files`: the paths of `summary` (`prediction.json`) and `figure`
+      (`prediction.png`).
+
+    Reading it as the dict `predict_file` used to return (the content of
+    `prediction.json`) is deprecated (one release).
+    """
+
+    source: str = eqx.field(static=True)
+    prediction: Prediction
+    trained: TrainResult | None
+    agreement: Agreement | None
+    learning_rate: float = eqx.field(static=True)
+    num_steps: int = eqx.field(static=True)
+    files: dict[str, Path] = eqx.field(static=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `prediction.json`, with `files` mapped to their paths."""
+        summary = json.loads(Path(self.files["summary"]).read_text())
+        return {**summary, "files": self.files}
+
+
 def predict_file(
     out_dir: str | os.PathLike,
     *,
@@ -120,7 +155,7 @@ def predict_file(
     train_network: bool = False,
     seed: int = 0,
     progress: bool | AbstractProgressMeter = True,
-) -> dict[str, Any]:
+) -> PredictOutput:
     """Predict training on a data file (or a bundled data set) and write
     `prediction.json` and `prediction.png` to `out_dir`; with `train_network`
     also train the real network (`nqfjax.train`, full-batch GD, same key) and
@@ -142,7 +177,8 @@ def predict_file(
     - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`; `True` for a
       `tqdm` bar, `False` for none).
 
-    **Returns:** the summary written to `prediction.json`, with `files`.
+    **Returns:** a `PredictOutput` (the `Prediction`, the trained run and its
+    `Agreement`, the paths of `prediction.json` and `prediction.png`).
 
     **Raises:** `ValueError` (one line naming the problem) for a bad file, data
     set, architecture or hyperparameter, before any long computation.
@@ -196,7 +232,7 @@ def predict_file(
         "mode_values": P.mode_values,
         "curve": {"t": P.ts, "loss": P.loss},
     }
-    trained = None
+    trained = a = None
     if train_network:
         trained = train(
             structure,
@@ -235,5 +271,12 @@ def predict_file(
     write_json(out / files["summary"], summary)
     bar.update()
     bar.close()
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary
+    return PredictOutput(
+        source=source,
+        prediction=P,
+        trained=trained,
+        agreement=a,
+        learning_rate=float(learning_rate),
+        num_steps=int(num_steps),
+        files={k: out / v for k, v in files.items()},
+    )
