@@ -272,19 +272,19 @@ def _demo(args) -> None:
     # become garbage: keeping them out of the collector's full passes saves
     # ~0.4 s of a quick run (measured)
     gc.freeze()
-    report = experiments.run_demo(args.out, quick=args.quick, progress=True)
+    result = experiments.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
-    for check in report.get("checks", []):
+    for check in result.checks:
         # the reference is a prediction, or another simulation (`compares`)
-        ref = "predicted" if check.get("compares", "").endswith("theory") else "ref."
+        ref = "predicted" if check.compares.endswith("theory") else "ref."
         print(
-            f"  {check['what']}: {ref} {fmt(check['predicted'])}, measured "
-            f"{fmt(check['measured'])} (max error {check['max_rel_error']:.2%}, "
-            f"{'ok' if check['passed'] else 'OUTSIDE the tolerance'})"
+            f"  {check.what}: {ref} {fmt(check.predicted)}, measured "
+            f"{fmt(check.measured)} (max error {check.max_rel_error:.2%}, "
+            f"{'ok' if check.passed else 'OUTSIDE the tolerance'})"
         )
     print(f"  report:  {args.out / 'report.md'} (numbers: {args.out / 'report.json'})")
-    if not report["passed"]:
+    if not result.passed:
         print("nqfjax: error: a prediction missed its tolerance", file=sys.stderr)
         return 1
     return 0

@@ -569,6 +569,32 @@ def test_demo_config_solvers_and_their_deprecated_booleans():
     np.testing.assert_allclose(curves[1], curves[2], rtol=1e-3)
 
 
+def test_demo_output_holds_its_checks_and_its_old_dict_is_deprecated(tmp_path):
+    """`run_demo` returns a `DemoOutput` of `DemoCheck`s; a check's error is the
+    largest `|measured / predicted - 1|`; reading the output as the old dict (the
+    content of report.json) still works for one release, with a warning."""
+    from nqfjax.experiments import _report, demo
+
+    good = _report._check("a", [1.0, 2.0], [1.0, 2.02], 0.02, "a", "sim vs theory")
+    bad = _report._check("b", [1.0], [1.1], 0.05, "b", "simulation vs simulation")
+    np.testing.assert_allclose(good.max_rel_error, 1 - 2.0 / 2.02, rtol=1e-12)
+    np.testing.assert_allclose(bad.max_rel_error, 1 - 1.0 / 1.1, rtol=1e-12)
+    assert good.passed and not bad.passed
+    report = tmp_path / "report.json"
+    checks = [good.as_dict(), bad.as_dict()]
+    assert checks[0]["predicted"] == [1.0, 2.02] and checks[1]["passed"] is False
+    report.write_text(json.dumps({"passed": False, "checks": checks}))
+    out = demo.DemoOutput(
+        config=demo.DemoConfig.quick(),
+        checks=(good, bad),
+        timings={},
+        files={"report": report},
+    )
+    assert not out.passed and out.checks[0] is good
+    with pytest.warns(DeprecationWarning, match="DemoOutput"):
+        assert out["checks"] == checks and out["passed"] is False
+
+
 # --------------------------------------------------------------------------------
 # SIGINT
 

@@ -10,6 +10,7 @@ drivers are reached here, as `nqfjax.experiments.NAME`.
 """
 
 from ._outcomes import Failed as Failed, Skipped as Skipped
+from ._report import DemoCheck as DemoCheck
 from .curve import (
     Curve as Curve,
     CurveAnalysis as CurveAnalysis,
@@ -18,7 +19,11 @@ from .curve import (
     fit_curve_file as fit_curve_file,
     read_curve_csv as read_curve_csv,
 )
-from .demo import DemoConfig as DemoConfig, run_demo as run_demo
+from .demo import (
+    DemoConfig as DemoConfig,
+    DemoOutput as DemoOutput,
+    run_demo as run_demo,
+)
 from .predict_file import PredictOutput as PredictOutput, predict_file as predict_file
 from .sweep_config import (
     SweepConfig as SweepConfig,
@@ -35,7 +40,9 @@ __all__ = [
     "FitOutput",
     "PredictOutput",
     "Skipped",
+    "DemoCheck",
     "DemoConfig",
+    "DemoOutput",
     "SweepConfig",
     "SweepOutput",
     "analyse_curve",
