@@ -107,6 +107,50 @@ def default_hyperparameters(
     return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
 
 
+def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any]:
+    """The content of `prediction.json` (less versions and files)."""
+    summary: dict[str, Any] = {
+        "source": source,
+        "samples": int(xs.shape[0]),
+        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
+        "hyperparameters": hyper,
+        "engine": P.engine,
+        "reason": P.reason,
+        "violation": P.violation,
+        "growth_rate": P.growth_rate,
+        "switch_times": P.switch_times,
+        "plateaus": P.plateaus,
+        "mode_values": P.mode_values,
+        "curve": {"t": P.ts, "loss": P.loss},
+    }
+    if trained is None:
+        return summary
+    summary["trained"] = {"t": trained.ts, "loss": trained.loss}
+    summary["agreement"] = {
+        "switch_on": [
+            {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
+            for p, m, e, o in zip(
+                np.asarray(a.predicted_times).tolist(),
+                np.asarray(a.measured_times).tolist(),
+                np.asarray(a.time_errors).tolist(),
+                np.asarray(a.subspace_overlaps).tolist(),
+            )
+        ],
+        "log_loss_departure": a.log_loss_departure,
+        "up_to": a.horizon,
+    }
+    return summary
+
+
+def _load(data, dataset, n) -> tuple[np.ndarray, np.ndarray, str]:
+    """`(xs, ys, source)` from a data file or a bundled data set."""
+    if (data is None) == (dataset is None):
+        raise ValueError("Give exactly one of a data file and `dataset`.")
+    if data is not None:
+        return *load_data_file(data), str(data)
+    return *load_dataset(dataset, n=n), f"dataset:{dataset}"
+
+
 class PredictOutput(DictView):
     """What `predict_file` predicted, trained and wrote.
 
@@ -183,14 +227,7 @@ def predict_file(
     **Raises:** `ValueError` (one line naming the problem) for a bad file, data
     set, architecture or hyperparameter, before any long computation.
     """
-    if (data is None) == (dataset is None):
-        raise ValueError("Give exactly one of a data file and `dataset`.")
-    if data is not None:
-        xs, ys = load_data_file(data)
-        source = str(data)
-    else:
-        xs, ys = load_dataset(dataset, n=n)
-        source = f"dataset:{dataset}"
+    xs, ys, source = _load(data, dataset, n)
     structure = structure_for_data(arch, xs, ys, arch_args)
     width = static_int("width", width, 1)
     if not (np.isfinite(init_scale) and init_scale > 0):
@@ -212,26 +249,6 @@ def predict_file(
         engine=engine,
     )
     bar.update()
-    summary: dict[str, Any] = {
-        "source": source,
-        "samples": int(xs.shape[0]),
-        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
-        "hyperparameters": {
-            "init_scale": init_scale,
-            "learning_rate": learning_rate,
-            "width": width,
-            "num_steps": int(num_steps),
-            "seed": seed,
-        },
-        "engine": P.engine,
-        "reason": P.reason,
-        "violation": P.violation,
-        "growth_rate": P.growth_rate,
-        "switch_times": P.switch_times,
-        "plateaus": P.plateaus,
-        "mode_values": P.mode_values,
-        "curve": {"t": P.ts, "loss": P.loss},
-    }
     trained = a = None
     if train_network:
         trained = train(
@@ -247,20 +264,14 @@ def predict_file(
         )
         bar.update()
         a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
-        summary["trained"] = {"t": trained.ts, "loss": trained.loss}
-        summary["agreement"] = {
-            "switch_on": [
-                {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
-                for p, m, e, o in zip(
-                    np.asarray(a.predicted_times).tolist(),
-                    np.asarray(a.measured_times).tolist(),
-                    np.asarray(a.time_errors).tolist(),
-                    np.asarray(a.subspace_overlaps).tolist(),
-                )
-            ],
-            "log_loss_departure": a.log_loss_departure,
-            "up_to": a.horizon,
-        }
+    hyper = {
+        "init_scale": init_scale,
+        "learning_rate": learning_rate,
+        "width": width,
+        "num_steps": int(num_steps),
+        "seed": seed,
+    }
+    summary = _summary(source, xs, arch, structure, hyper, P, trained, a)
     title = f"{arch} on {Path(source).name if data is not None else dataset}"
     fig = plots.plot_prediction(P, trained, title)
     files = {"summary": "prediction.json", "figure": "prediction.png"}

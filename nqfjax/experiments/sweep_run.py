@@ -211,6 +211,87 @@ def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
     return runs, [k for k, run in enumerate(runs) if run["diverged"]]
 
 
+_FILES = {
+    "results": "results.npz",
+    "summary": "summary.json",
+    "figure": "loss_curves.png",
+    "checkpoint": "checkpoint",
+}
+
+
+def _switch_on_array(shape, theory) -> np.ndarray:
+    """The GD groups' predicted switch-on times in one NaN-padded array of
+    shape `(*shape, K)` (`shape`: optimizer, architecture, init scale,
+    learning rate)."""
+    K = max((t.shape[-1] for t, _ in theory.values()), default=0)
+    switch_on = np.full((*shape, K), np.nan)
+    for (i, j), (t, _) in theory.items():
+        switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
+    return switch_on
+
+
+def _summary(config, steps, loss, counts, notes, theory) -> dict[str, Any]:
+    """The content of `summary.json`."""
+    grid = config.grid
+    runs, diverged = _runs(config, steps, loss)
+    return {
+        "config": config.to_dict(),
+        "config_file": config.source,
+        "versions": versions(),
+        "loss_shape": [
+            "optimizer",
+            "architecture",
+            "init_scale",
+            "learning_rate",
+            "seed",
+            "step",
+        ],
+        "steps": steps,
+        "chunks": counts,
+        "checkpoint_warnings": notes,
+        "diverged": {
+            "criterion": DIVERGENCE_CRITERION,
+            "count": len(diverged),
+            "runs": diverged,
+        },
+        "runs": runs,
+        "predicted_switch_on": {
+            f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
+                "engine": why,
+                "seed": grid["seed"][0],
+                "times": t,  # [init_scale][learning_rate][mode], in steps
+            }
+            for (i, j), (t, why) in theory.items()
+        },
+        "files": dict(_FILES),
+    }
+
+
+def _write(out, grid, axes, steps, loss, switch_on, summary, interrupted) -> None:
+    """The figure, `summary.json` and, last, `results.npz` (inside the caller's
+    `defer_interrupts` block: an interrupt stops before `results.npz`)."""
+    files = summary["files"]
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "loss": loss,
+        "steps": steps,
+        "optimizer": np.asarray(grid["optimizer"]),
+        "architecture": np.asarray(grid["architecture"]),
+        **{name: a for name, a in axes.items()},
+    }
+    write_figure(
+        out / files["figure"],
+        plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
+    )
+    write_json(out / files["summary"], summary)
+    # a safe point: the block may be nested in a caller's (the CLI's), whose
+    # exit, not this one's, raises; an interrupt that came stops here, before
+    # results.npz, which is written last: it exists only when all is done
+    if interrupted():
+        raise KeyboardInterrupt
+    atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
+
+
 class SweepOutput(DictView):
     """What `run_sweep_config` computed and wrote.
 
@@ -341,70 +422,10 @@ def run_sweep_config(
         loss, counts, notes, theory = _run_groups(
             config, out, points, shape, steps, progress, interrupted
         )
-        switch_on = np.full((*loss.shape[:4], 0), np.nan)
-        if theory:
-            K = max(t.shape[-1] for t, _ in theory.values())
-            switch_on = np.full((*loss.shape[:4], K), np.nan)
-            for (i, j), (t, _) in theory.items():
-                switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
-        runs, diverged = _runs(config, steps, loss)
-        files = {
-            "results": "results.npz",
-            "summary": "summary.json",
-            "figure": "loss_curves.png",
-            "checkpoint": "checkpoint",
-        }
-        summary = {
-            "config": config.to_dict(),
-            "config_file": config.source,
-            "versions": versions(),
-            "loss_shape": [
-                "optimizer",
-                "architecture",
-                "init_scale",
-                "learning_rate",
-                "seed",
-                "step",
-            ],
-            "steps": steps,
-            "chunks": counts,
-            "checkpoint_warnings": notes,
-            "diverged": {
-                "criterion": DIVERGENCE_CRITERION,
-                "count": len(diverged),
-                "runs": diverged,
-            },
-            "runs": runs,
-            "predicted_switch_on": {
-                f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
-                    "engine": why,
-                    "seed": grid["seed"][0],
-                    "times": t,  # [init_scale][learning_rate][mode], in steps
-                }
-                for (i, j), (t, why) in theory.items()
-            },
-            "files": files,
-        }
-
-        out.mkdir(parents=True, exist_ok=True)
-        arrays = {
-            "loss": loss,
-            "steps": steps,
-            "optimizer": np.asarray(grid["optimizer"]),
-            "architecture": np.asarray(grid["architecture"]),
-            **{name: a for name, a in axes.items()},
-        }
-        write_figure(
-            out / files["figure"],
-            plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
-        )
-        write_json(out / files["summary"], summary)
-        # a safe point: the block may be nested in a caller's (the CLI's), whose
-        # exit, not this one's, raises; an interrupt that came stops here, before
-        # results.npz, which is written last: it exists only when all is done
-        if interrupted():
-            raise KeyboardInterrupt
-        atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
+        switch_on = _switch_on_array(loss.shape[:4], theory)
+        summary = _summary(config, steps, loss, counts, notes, theory)
+        _write(out, grid, axes, steps, loss, switch_on, summary, interrupted)
+        files = summary["files"]
     return SweepOutput(
         config=config,
         steps=steps,
