@@ -2,7 +2,8 @@
 
 `nqfjax demo` calls `run_demo`; `nqfjax sweep` calls `load_sweep_config` and
 `run_sweep_config`; `nqfjax fit` calls `fit_curve_file`; `nqfjax predict` calls
-`predict_file`, all from `nqfjax.experiments`. Every command checks its output
+`predict_file`, all from `nqfjax.experiments`; each returns a module of named
+fields, which this module alone prints as text. Every command checks its output
 folder before any work. Bad input (a malformed config or CSV, a truncated,
 damaged or mis-encoded input file, an output folder that cannot be written, a
 checkpoint from another configuration or one that cannot be read) ends with a

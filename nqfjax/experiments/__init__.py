@@ -2,8 +2,11 @@
 `nqfjax predict` run, so that a notebook or script can do the same.
 
 A driver combines the library's building blocks (engines, theory, analysis, the
-functions of `nqfjax` itself) for one command and writes its results: a report,
-figures, a summary. The building blocks that also live in this package
+functions of `nqfjax` itself) for one command, writes its files (a report,
+figures, a summary) and returns an equinox Module with named fields holding the
+library's results (`DemoOutput`, `SweepOutput`, `CurveAnalysis` in a `FitOutput`,
+`PredictOutput`); the command line alone turns them into text. The building
+blocks that also live in this package
 (`predict`, `train_method`, `compare_methods`, the schedules, delayed
 generalisation, the finite-data map) are reached as `nqfjax.NAME`; only the
 drivers are reached here, as `nqfjax.experiments.NAME`.
