@@ -6,10 +6,10 @@ functions of `nqfjax` itself) for one command, writes its files (a report,
 figures, a summary) and returns an equinox Module with named fields holding the
 library's results (`DemoOutput`, `SweepOutput`, `CurveAnalysis` in a `FitOutput`,
 `PredictOutput`); the command line alone turns them into text. The building
-blocks that also live in this package
-(`predict`, `train_method`, `compare_methods`, the schedules, delayed
-generalisation, the finite-data map) are reached as `nqfjax.NAME`; only the
-drivers are reached here, as `nqfjax.experiments.NAME`.
+blocks that also live in this package (`predict`, `train_method`,
+`compare_methods`, the schedules, delayed generalisation, the finite-data map)
+are reached as `nqfjax.NAME`; only the drivers are reached here, as
+`nqfjax.experiments.NAME`.
 """
 
 from ._outcomes import Failed as Failed, Skipped as Skipped
