@@ -23,8 +23,6 @@ import numpy as np
 
 import nqfjax
 from nqfjax import experiments
-from nqfjax.analysis.spectrum import DEFAULT_SPECTRUM_METHOD, SPECTRUM_METHODS
-from nqfjax.experiments._summaries import lazy_exponent
 from nqfjax.experiments.predict_file import DEFAULT_WIDTH
 from nqfjax.io import check_output_dir
 from nqfjax.sweep import defer_interrupts
@@ -216,8 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--spectrum-method",
-        choices=SPECTRUM_METHODS,
-        default=DEFAULT_SPECTRUM_METHOD,
+        choices=nqfjax.analysis.spectrum.SPECTRUM_METHODS,
+        default=nqfjax.analysis.spectrum.DEFAULT_SPECTRUM_METHOD,
         help="how the spectrum model's modes are computed: the closed-form "
         "logistic curve (default, fast) or the ODE solver solve_lv (slow)",
     )
@@ -390,9 +388,13 @@ def _fit_line(step, analysis) -> str:
         )
     if isinstance(step, nqfjax.SpectrumFit):
         a, b = float(step.alpha), float(step.beta)
+        try:
+            lazy = nqfjax.power_law_exponent(a, b, "lazy")
+        except ValueError:  # undefined there: fit.json's null
+            lazy = None
         return (
             f"alpha = {_fmt(a)}, beta = {_fmt(b)}; predicted gamma = "
-            f"{_fmt(float(step.gamma))} (rich), {_fmt(lazy_exponent(a, b))} (lazy)"
+            f"{_fmt(float(step.gamma))} (rich), {_fmt(lazy)} (lazy)"
         )
     lo, hi = float(step.final_lower), float(step.final_upper)  # a Forecast
     nxt = ", ".join(f"{float(t):.4g}" for t in step.switch_on_times) or "none"

@@ -484,8 +484,7 @@ def sweep(
     chunk's size and SHA-256) and one `chunk_XXXXXX.npz` per finished chunk, each
     written atomically and then entered in the manifest. A restarted sweep loads
     the chunks whose size and hash match the manifest and computes the rest: a
-    damaged chunk is named in a `CheckpointWarning` (a `UserWarning`; the files
-    are in `damaged`) and recomputed; a
+    damaged chunk is named in a `UserWarning` (and in `damaged`) and recomputed; a
     chunk file the manifest does not list (a partial write, or left by another
     sweep whose manifest was deleted) is never loaded. The chunk layout does not
     depend on the number of devices, so a sweep may be resumed on another machine.
