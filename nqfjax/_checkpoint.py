@@ -214,14 +214,21 @@ def any_process(flag: bool, multi: bool) -> bool:
     return bool(np.any(every))
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint chunk file that is not loaded (damaged, not matching the
+    manifest, or not listed in it): it is recomputed and overwritten."""
+
+
 def load_chunks(ckpt: Checkpoint, expected):
     """Open the checkpoint and read every chunk its manifest lists; return
     `{i: (bytes, leaves)}` of the sound ones and the files of the damaged ones,
-    each named in a `UserWarning` (as is every chunk file the manifest lacks)."""
+    each named in a `CheckpointWarning` (as is every chunk file the manifest
+    lacks)."""
     for file in ckpt.open():
         warnings.warn(
             f"checkpoint chunk {file} is not listed in {ckpt.manifest_file}: not "
             "loaded (it is recomputed and overwritten).",
+            CheckpointWarning,
             stacklevel=2,
         )
     done, damaged = {}, []
@@ -232,7 +239,9 @@ def load_chunks(ckpt: Checkpoint, expected):
             file = ckpt.chunk_file(i)
             damaged.append(file)
             warnings.warn(
-                f"checkpoint chunk {file} {leaves}: recomputing it.", stacklevel=2
+                f"checkpoint chunk {file} {leaves}: recomputing it.",
+                CheckpointWarning,
+                stacklevel=2,
             )
         else:
             done[i] = (data, leaves)

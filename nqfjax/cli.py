@@ -2,7 +2,8 @@
 
 `nqfjax demo` calls `run_demo`; `nqfjax sweep` calls `load_sweep_config` and
 `run_sweep_config`; `nqfjax fit` calls `fit_curve_file`; `nqfjax predict` calls
-`predict_file`, all from `nqfjax.experiments`. Every command checks its output
+`predict_file`, all from `nqfjax.experiments`; each returns a module of named
+fields, which this module alone prints as text. Every command checks its output
 folder before any work. Bad input (a malformed config or CSV, a truncated,
 damaged or mis-encoded input file, an output folder that cannot be written, a
 checkpoint from another configuration or one that cannot be read) ends with a
@@ -12,11 +13,13 @@ one-line `nqfjax: error: ...` on stderr and exit status 2; an interrupt
 
 import argparse
 import gc
+import math
 import os
 import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 
 import nqfjax
 from nqfjax import experiments
@@ -212,8 +215,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument(
         "--spectrum-method",
-        choices=("logistic", "solve_lv"),
-        default="logistic",
+        choices=nqfjax.analysis.spectrum.SPECTRUM_METHODS,
+        default=nqfjax.analysis.spectrum.DEFAULT_SPECTRUM_METHOD,
         help="how the spectrum model's modes are computed: the closed-form "
         "logistic curve (default, fast) or the ODE solver solve_lv (slow)",
     )
@@ -269,19 +272,19 @@ def _demo(args) -> None:
     # become garbage: keeping them out of the collector's full passes saves
     # ~0.4 s of a quick run (measured)
     gc.freeze()
-    report = experiments.run_demo(args.out, quick=args.quick, progress=True)
+    result = experiments.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
     fmt = lambda v: ", ".join(f"{x:.4g}" for x in v)  # noqa: E731
-    for check in report.get("checks", []):
+    for check in result.checks:
         # the reference is a prediction, or another simulation (`compares`)
-        ref = "predicted" if check.get("compares", "").endswith("theory") else "ref."
+        ref = "predicted" if check.compares.endswith("theory") else "ref."
         print(
-            f"  {check['what']}: {ref} {fmt(check['predicted'])}, measured "
-            f"{fmt(check['measured'])} (max error {check['max_rel_error']:.2%}, "
-            f"{'ok' if check['passed'] else 'OUTSIDE the tolerance'})"
+            f"  {check.what}: {ref} {fmt(check.predicted)}, measured "
+            f"{fmt(check.measured)} (max error {check.max_rel_error:.2%}, "
+            f"{'ok' if check.passed else 'OUTSIDE the tolerance'})"
         )
     print(f"  report:  {args.out / 'report.md'} (numbers: {args.out / 'report.json'})")
-    if not report["passed"]:
+    if not result.passed:
         print("nqfjax: error: a prediction missed its tolerance", file=sys.stderr)
         return 1
     return 0
@@ -294,28 +297,30 @@ def _sweep(args) -> None:
     check_output_dir(out, "--out")
     # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`
     with defer_interrupts():
-        summary = experiments.run_sweep_config(config, out, progress=not args.quiet)
-    for note in summary["checkpoint_warnings"]:
+        result = experiments.run_sweep_config(config, out, progress=not args.quiet)
+    for note in result.checkpoint_warnings:
         print(f"nqfjax: warning: {note}", file=sys.stderr)
-    chunks, files, runs = summary["chunks"], summary["files"], summary["runs"]
+    n_runs = result.step_diverged.size
     print(
-        f"nqfjax sweep: {len(runs)} runs; {chunks['computed']} chunks "
-        f"computed, {chunks['loaded']} loaded from the checkpoint"
+        f"nqfjax sweep: {n_runs} runs; {result.n_computed} chunks "
+        f"computed, {result.n_loaded} loaded from the checkpoint"
     )
-    diverged = summary["diverged"]
-    if diverged["count"]:
+    diverged = np.argwhere(np.isfinite(result.step_diverged))  # in C order
+    if len(diverged):
         print(
-            f"  diverged: {diverged['count']} of {len(runs)} runs (divergence is a "
-            f"result: {diverged['criterion']}):"
+            f"  diverged: {len(diverged)} of {n_runs} runs (divergence is a "
+            f"result: {result.criterion}):"
         )
-        for k in diverged["runs"][:_MAX_LISTED]:
-            run = runs[k]
-            point = ", ".join(f"{key}={run[key]}" for key in _GRID_KEYS)
-            print(f"    {point} (from step {run['step_diverged']:g})")
-        if diverged["count"] > _MAX_LISTED:
-            print(f"    ... and {diverged['count'] - _MAX_LISTED} more (see summary)")
+        grid = result.config.grid
+        for idx in diverged[:_MAX_LISTED]:
+            point = ", ".join(
+                f"{key}={grid[key][i]}" for key, i in zip(_GRID_KEYS, idx)
+            )
+            print(f"    {point} (from step {result.step_diverged[tuple(idx)]:g})")
+        if len(diverged) > _MAX_LISTED:
+            print(f"    ... and {len(diverged) - _MAX_LISTED} more (see summary)")
     for name in ("results", "summary", "figure"):
-        print(f"  {name + ':':9s}{files[name]}")
+        print(f"  {name + ':':9s}{result.files[name]}")
 
 
 _MAX_LISTED = 20
@@ -323,7 +328,8 @@ _GRID_KEYS = ("optimizer", "architecture", "init_scale", "learning_rate", "seed"
 
 
 def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
+    """A number to 4 digits; `n/a` for `None`, NaN or inf (JSON's `null`)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
 def _fit(args) -> None:
@@ -331,7 +337,7 @@ def _fit(args) -> None:
         raise ValueError(f"--modes must be a positive integer, got {args.modes}.")
     out = args.out or Path("nqfjax-out") / f"fit-{args.curve.stem}"
     check_output_dir(out, "--out")
-    summary = experiments.fit_curve_file(
+    result = experiments.fit_curve_file(
         args.curve,
         out,
         time_column=args.time_column,
@@ -342,47 +348,61 @@ def _fit(args) -> None:
         forecast_to=args.forecast_to,
         progress=not args.quiet,
     )
-    print(f"nqfjax fit: {summary['n_points']} points from {args.curve}")
-    model = summary["model"]
-    if "error" in model or "reason" in model:
-        print(f"  shape:     {model.get('error') or model['reason']}")
-    else:
-        print(
-            f"  shape:     {model['best']} (by {model['criterion']}; runner-up "
-            f"{model['runner_up'] or 'none'}: {model['why'] or '-'})"
+    analysis = result.analysis
+    print(f"nqfjax fit: {analysis.ts.size} points from {args.curve}")
+    for label, name in _FIT_LINES:
+        step = getattr(analysis, name)
+        if step is not None:
+            print(f"  {label + ':':11s}{_fit_line(step, analysis)}")
+    for name in ("summary", "figure"):
+        print(f"  {name + ':':9s}{result.files[name]}")
+
+
+# the lines of `nqfjax fit`, in order: (label, `CurveAnalysis` field)
+_FIT_LINES = (
+    ("shape", "model"),
+    ("plateaus", "plateaus"),
+    ("power law", "power_law"),
+    ("spectrum", "spectrum"),
+    ("forecast", "forecast"),
+)
+
+
+def _fit_line(step, analysis) -> str:
+    """One step of a `CurveAnalysis` as the text after its label."""
+    if isinstance(step, experiments.Failed):
+        return step.error
+    if isinstance(step, experiments.Skipped):
+        return step.reason
+    if isinstance(step, nqfjax.ModelSelection):
+        return (
+            f"{step.best} (by {step.criterion}; runner-up {step.runner_up or 'none'}: "
+            f"{step.why or '-'})"
         )
-    pl = summary["plateaus"]
-    print("  plateaus:  " + (pl.get("error") or pl.get("reason") or str(pl["count"])))
-    law = summary["power_law"]
-    if "error" in law or "reason" in law:  # failed, or nothing to fit
-        print(f"  power law: {law.get('error') or law['reason']}")
-    else:
-        lo, hi = law["window"]
-        print(
-            f"  power law: gamma = {_fmt(law['gamma'])} +- {_fmt(law['gamma_err'])} "
+    if isinstance(step, nqfjax.Plateaus):
+        return str(len(step)) if len(step) else step.reason
+    if isinstance(step, nqfjax.PowerLawFit):
+        lo, hi = step.window
+        return (
+            f"gamma = {_fmt(float(step.gamma))} +- {_fmt(float(step.gamma_err))} "
             f"on t in [{lo:.3g}, {hi:.3g}]"
         )
-    spec = summary.get("spectrum")
-    if spec is not None and ("error" in spec or "reason" in spec):
-        print(f"  spectrum:  {spec.get('error') or spec['reason']}")
-    elif spec is not None:
-        print(
-            f"  spectrum:  alpha = {_fmt(spec['alpha'])}, beta = {_fmt(spec['beta'])};"
-            f" predicted gamma = {_fmt(spec['gamma_rich'])} (rich), "
-            f"{_fmt(spec['gamma_lazy'])} (lazy)"
+    if isinstance(step, nqfjax.SpectrumFit):
+        a, b = float(step.alpha), float(step.beta)
+        try:
+            lazy = nqfjax.power_law_exponent(a, b, "lazy")
+        except ValueError:  # undefined there: fit.json's null
+            lazy = None
+        return (
+            f"alpha = {_fmt(a)}, beta = {_fmt(b)}; predicted gamma = "
+            f"{_fmt(float(step.gamma))} (rich), {_fmt(lazy)} (lazy)"
         )
-    fc = summary.get("forecast")
-    if fc is not None and ("error" in fc or "reason" in fc):
-        print(f"  forecast:  {fc.get('error') or fc['reason']}")
-    elif fc is not None:
-        lo, hi = fc["final_band"]
-        nxt = ", ".join(f"{t:.4g}" for t in fc["next_switch_on_times"]) or "none"
-        print(
-            f"  forecast:  loss {_fmt(fc['final_level'])} (band {lo:.3g} to "
-            f"{hi:.3g}) at t = {fc['until']:.4g}; next switch-ons at t = {nxt}"
-        )
-    for name in ("summary", "figure"):
-        print(f"  {name + ':':9s}{summary['files'][name]}")
+    lo, hi = float(step.final_lower), float(step.final_upper)  # a Forecast
+    nxt = ", ".join(f"{float(t):.4g}" for t in step.switch_on_times) or "none"
+    return (
+        f"loss {_fmt(float(step.final_level))} (band {lo:.3g} to {hi:.3g}) at t = "
+        f"{analysis.forecast_to:.4g}; next switch-ons at t = {nxt}"
+    )
 
 
 _PREDICT = """\
@@ -508,7 +528,7 @@ def _predict(args) -> None:
         raise ValueError("give a data file (DATA.npz or DATA.csv) or --dataset NAME.")
     name = args.dataset if args.data is None else args.data.stem
     out = args.out or Path("nqfjax-out") / f"predict-{name}"
-    summary = experiments.predict_file(
+    result = experiments.predict_file(
         out,
         data=args.data,
         dataset=args.dataset,
@@ -524,17 +544,22 @@ def _predict(args) -> None:
         seed=args.seed,
         progress=not args.quiet,
     )
-    print(f"nqfjax predict: {summary['engine']}: {summary['reason']}")
-    times = ", ".join(f"{t:.4g}" for t in summary["switch_times"] if t is not None)
+    P = result.prediction
+    print(f"nqfjax predict: {P.engine}: {P.reason}")
+    times = np.asarray(P.switch_times, float)
+    times = ", ".join(f"{t:.4g}" for t in times[np.isfinite(times)])
     print(f"  switch-on times (steps): {times or 'none within the horizon'}")
-    for row in summary.get("agreement", {}).get("switch_on", []):
-        err = row["relative_error"]
+    a = result.agreement
+    rows = [] if a is None else zip(a.predicted_times, a.measured_times, a.time_errors)
+    for predicted, measured, err in rows:
+        err = float(err)
         print(
-            f"  trained: predicted {row['predicted']:.4g}, measured "
-            f"{_fmt(row['measured'])} ({'n/a' if err is None else f'{err:+.2%}'})"
+            f"  trained: predicted {float(predicted):.4g}, measured "
+            f"{_fmt(float(measured))} "
+            f"({f'{err:+.2%}' if math.isfinite(err) else 'n/a'})"
         )
     for what in ("summary", "figure"):
-        print(f"  {what + ':':9s}{summary['files'][what]}")
+        print(f"  {what + ':':9s}{result.files[what]}")
 
 
 def main(argv=None) -> int:

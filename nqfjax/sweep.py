@@ -27,6 +27,7 @@ from jaxtyping import Array, PyTree
 
 from ._checkpoint import (
     Checkpoint,
+    CheckpointWarning as CheckpointWarning,
     agree,
     any_process,
     load_chunks,

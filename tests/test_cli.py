@@ -17,7 +17,9 @@ import threading
 import time
 from pathlib import Path
 
+import diffrax
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
@@ -533,12 +535,66 @@ def test_demo_mflow_agrees_with_lotka_volterra():
     from nqfjax.experiments import demo
 
     with jax.enable_x64(True):
-        cfg = dataclasses.replace(demo.DemoConfig.quick(), mflow=True)
+        cfg = dataclasses.replace(demo.DemoConfig.quick(), mflow_solver=diffrax.Tsit5())
         eng = demo._engines(cfg, demo._problem(cfg))
     ratio = eng.L_m / eng.L_lv
     assert eng.plateau_idx
     np.testing.assert_allclose(ratio[eng.plateau_idx], 1, atol=2e-3)
     np.testing.assert_allclose(ratio, 1, atol=0.04)
+
+
+def test_demo_config_solvers_and_their_deprecated_booleans():
+    """`DemoConfig` takes diffrax solvers; its old booleans still work for one
+    release, warn, and give the same configuration and numbers: the quick
+    problem's LV curve through `solve_lv` with `Tsit5` (`explicit_lv`) against
+    the default Rosenbrock solver in `solve_lv_batch` (another engine)."""
+    from nqfjax.experiments import demo
+
+    quick = demo.DemoConfig.quick()
+    assert quick.mflow_solver is None and quick.lv_solver is None
+    assert isinstance(demo.DemoConfig().mflow_solver, diffrax.Kvaerno5)
+    with pytest.warns(DeprecationWarning, match="mflow_solver"):
+        old = dataclasses.replace(quick, mflow=True, explicit_mflow=True)
+    assert old == dataclasses.replace(quick, mflow_solver=diffrax.Tsit5())
+    with pytest.warns(DeprecationWarning, match="explicit_lv"):
+        old = dataclasses.replace(quick, explicit_lv=True)
+    new = dataclasses.replace(quick, lv_solver=diffrax.Tsit5())
+    assert old == new and old.as_dict()["lv_solver"] == "Tsit5"
+    with pytest.warns(DeprecationWarning):
+        assert demo.DemoConfig(mflow=False).mflow_solver is None
+    with jax.enable_x64(True):
+        pb = demo._problem(quick)
+        m0 = np.full(len(pb.lv.r), 1e-6)
+        ts = jnp.linspace(0.0, quick.steps, 50)
+        curves = [demo._lv_loss(cfg, pb.lv, m0, ts) for cfg in (old, new, quick)]
+    np.testing.assert_array_equal(curves[0], curves[1])
+    np.testing.assert_allclose(curves[1], curves[2], rtol=1e-3)
+
+
+def test_demo_output_holds_its_checks_and_its_old_dict_is_deprecated(tmp_path):
+    """`run_demo` returns a `DemoOutput` of `DemoCheck`s; a check's error is the
+    largest `|measured / predicted - 1|`; reading the output as the old dict (the
+    content of report.json) still works for one release, with a warning."""
+    from nqfjax.experiments import _report, demo
+
+    good = _report._check("a", [1.0, 2.0], [1.0, 2.02], 0.02, "a", "sim vs theory")
+    bad = _report._check("b", [1.0], [1.1], 0.05, "b", "simulation vs simulation")
+    np.testing.assert_allclose(good.max_rel_error, 1 - 2.0 / 2.02, rtol=1e-12)
+    np.testing.assert_allclose(bad.max_rel_error, 1 - 1.0 / 1.1, rtol=1e-12)
+    assert good.passed and not bad.passed
+    report = tmp_path / "report.json"
+    checks = [good.as_dict(), bad.as_dict()]
+    assert checks[0]["predicted"] == [1.0, 2.02] and checks[1]["passed"] is False
+    report.write_text(json.dumps({"passed": False, "checks": checks}))
+    out = demo.DemoOutput(
+        config=demo.DemoConfig.quick(),
+        checks=(good, bad),
+        timings={},
+        files={"report": report},
+    )
+    assert not out.passed and out.checks[0] is good
+    with pytest.warns(DeprecationWarning, match="DemoOutput"):
+        assert out["checks"] == checks and out["passed"] is False
 
 
 # --------------------------------------------------------------------------------

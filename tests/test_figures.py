@@ -482,7 +482,7 @@ def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkey
         "plot_sweep",
         lambda *a, **k: figures.append(plot(*a, **k)) or figures[-1],
     )
-    summary = sweep_run.run_sweep_config(config, tmp_path, progress=False)
+    result = sweep_run.run_sweep_config(config, tmp_path, progress=False)
     (fig,) = figures
     (legend,) = _check_legends(fig)
     assert "predicted switch-on\n(theory, first seed)" in [
@@ -515,8 +515,16 @@ def test_sweep_marks_sit_where_the_theory_and_the_data_put_them(tmp_path, monkey
             level = curve[-1] + np.array([0.9, 0.1]) * (curve[0] - curve[-1])
             start, end = (steps[np.argmax(curve < v)] for v in level)
             assert start <= times[0] <= end, (start, times[0], end)
-    times = np.asarray(summary["predicted_switch_on"]["gd-quadratic"]["times"], float)
+    times = result.predicted_switch_on[0, 0]  # gd, quadratic
     assert len(ticks) == np.isfinite(times).sum()
+    assert np.isnan(result.predicted_switch_on[1]).all()  # adam: no theory
+    # the result's old reading as the summary dict: deprecated, the same numbers
+    with pytest.warns(DeprecationWarning, match="SweepOutput"):
+        old = result["predicted_switch_on"]["gd-quadratic"]["times"]
+    np.testing.assert_array_equal(
+        np.asarray(old, float), times[..., : np.shape(old)[-1]]
+    )
+    assert (result.n_computed, result.n_loaded, result.damaged) == (2, 0, ())
 
 
 def test_curve_analysis_figure_has_residuals():
@@ -588,7 +596,7 @@ def test_report_explains_itself():
     # (`--quick`) it says so instead of describing a curve that is not there
     staircase = text.split("### staircase.png")[1].split("###")[0]
     assert "the M-space flow and" in staircase and "three curves" in staircase
-    report["config"]["mflow"] = False
+    report["config"]["mflow_solver"] = None  # as `DemoConfig.quick()` writes it
     staircase = _report.markdown(report).split("### staircase.png")[1].split("###")[0]
     assert "the M-space flow and" not in staircase
     assert "leaves the M-space flow out" in staircase and "two curves" in staircase

@@ -154,7 +154,7 @@ def wspace_curve():
 @pytest.mark.slow  # a long physics check (the slow tier)
 def test_fit_spectrum_recovers_wspace_spectra(wspace_curve):
     ts, loss = wspace_curve
-    fit = nqfjax.fit_spectrum(ts, loss, p=D)
+    fit = nqfjax.fit_spectrum(ts, loss, p=D, method="solve_lv")
     assert fit.method == "solve_lv"
     # Both exponents within 10% (measured: +3% and -1.5%; the residual bias is the
     # random init, which gives every mode its own eps_k).
@@ -372,6 +372,55 @@ def test_cli_fit_says_nothing_to_fit(tmp_path, capsys):
     assert summary["plateaus"]["count"] == 0
 
 
+def test_curve_analysis_is_modules_and_its_old_dict_form_is_deprecated(tmp_path):
+    """`analyse_curve` returns a `CurveAnalysis` of the library's modules (or
+    `Skipped`/`Failed`); unpacking it as the old `(summary, figure)`, and reading
+    `fit_curve_file`'s result as the old dict, still work for one release, with
+    a `DeprecationWarning`, and give the numbers of the new fields and of
+    `fit.json`. A staircase of two logistic modes, without the slow model
+    selection: its plateau levels are the modes' unlearned losses."""
+    ts = np.arange(0.0, 4000, 10)
+    g1 = 1 / (1 + np.exp(0.02 * (ts - 800)))
+    g2 = 1 / (1 + np.exp(0.01 * (ts - 2400)))
+    loss = 0.01 + 0.4 * g1**2 + 0.1 * g2**2
+    with pytest.MonkeyPatch.context() as mp:  # the model selection: ~1 min
+        mp.setattr(
+            nqfjax.experiments.curve, "select_model", lambda *_: _fail("refused")
+        )
+        found = nqfjax.experiments.analyse_curve(ts, loss, modes=None)
+    assert found.model == nqfjax.experiments.Failed("refused")
+    assert found.spectrum is None and found.forecast is None
+    np.testing.assert_allclose(found.plateaus.level, [0.51, 0.11, 0.01], rtol=0.02)
+    with pytest.warns(DeprecationWarning, match="CurveAnalysis"):
+        summary, figure = found
+    assert summary == found.as_dict() and "spectrum" not in summary
+    assert summary["model"] == {"error": "refused"}
+    np.testing.assert_array_equal(summary["plateaus"]["level"], found.plateaus.level)
+    assert summary["plateaus"]["count"] == 3 and figure.axes
+
+    csv = tmp_path / "zero.csv"
+    _write_csv(csv, np.arange(50.0), np.zeros(50))
+    out = nqfjax.experiments.fit_curve_file(csv, tmp_path / "out", progress=False)
+    assert isinstance(out.analysis.power_law, nqfjax.experiments.Skipped)
+    assert out.analysis.power_law.reason.startswith("nothing to fit")
+    written = json.loads(out.files["summary"].read_text())
+    with pytest.warns(DeprecationWarning, match="FitOutput"):
+        assert (
+            out["power_law"]
+            == written["power_law"]
+            == {
+                "found": False,
+                "reason": out.analysis.power_law.reason,
+            }
+        )
+    with pytest.warns(DeprecationWarning):
+        assert out["n_points"] == written["n_points"] == 50
+
+
+def _fail(message):
+    raise ValueError(message)
+
+
 @pytest.mark.parametrize("value", ["-5", "0", "2.5", "nan"])
 def test_cli_fit_rejects_bad_total_modes(tmp_path, capsys, value):
     csv = tmp_path / "c.csv"
@@ -461,16 +510,16 @@ def test_two_mode_curve_is_a_staircase_without_power_law():
     loss = (0.01 + 0.38 * g1**2 + 0.11 * g2**2) * np.exp(
         0.03 * rng.standard_normal(ts.size)
     )
-    summary, _ = nqfjax.experiments.analyse_curve(ts, loss, modes=4, total_modes=4)
-    assert summary["plateaus"]["count"] == 3
-    assert summary["model"]["best"] == "staircase", summary["model"]
-    assert summary["power_law"]["found"] is False
-    assert summary["power_law"]["reason"].startswith("no power law")
-    spec = summary["spectrum"]
-    if spec.get("found", True) is False:
-        assert "beta" in spec["reason"] or "rms" in spec["reason"], spec
+    found = nqfjax.experiments.analyse_curve(ts, loss, modes=4, total_modes=4)
+    assert len(found.plateaus) == 3
+    assert found.model.best == "staircase", found.model
+    assert isinstance(found.power_law, nqfjax.experiments.Skipped)
+    assert found.power_law.reason.startswith("no power law")
+    spec = found.spectrum
+    if isinstance(spec, nqfjax.experiments.Skipped):
+        assert "beta" in spec.reason or "rms" in spec.reason, spec
     else:  # an accepted spectrum fits to within 3 times the 3% noise
-        assert spec["beta"] >= 0 and spec["rms_log"] < 0.09, spec
+        assert spec.beta >= 0 and spec.rms < 0.09, spec
 
 
 @pytest.mark.slow  # compiles the solve_lv fit (forward mode through every mode)
@@ -492,3 +541,20 @@ def test_fit_spectrum_deprecated_tolerances_same_numbers():
     with pytest.raises(ValueError, match="not both"):
         with pytest.warns(DeprecationWarning):
             nqfjax.fit_spectrum(ts, loss, stepsize_controller=control, atol=1e-8, **kw)
+
+
+def test_one_default_spectrum_method():
+    """`fit_spectrum`, `analyse_curve`, `fit_curve_file` and `nqfjax fit` share
+    one default way of computing the spectrum model's modes, the closed form."""
+    import inspect
+
+    from nqfjax.analysis.spectrum import DEFAULT_SPECTRUM_METHOD
+
+    assert DEFAULT_SPECTRUM_METHOD == "logistic"
+    params = inspect.signature(nqfjax.fit_spectrum).parameters
+    assert params["method"].default == DEFAULT_SPECTRUM_METHOD
+    for fn in (nqfjax.experiments.analyse_curve, nqfjax.experiments.fit_curve_file):
+        params = inspect.signature(fn).parameters
+        assert params["spectrum_method"].default == DEFAULT_SPECTRUM_METHOD
+    args = nqfjax.cli._parser().parse_args(["fit", "c.csv"])
+    assert args.spectrum_method == DEFAULT_SPECTRUM_METHOD

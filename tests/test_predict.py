@@ -408,3 +408,33 @@ def test_attention_real_head_departs_with_the_size_of_its_logits(attention_runs)
     # which the quadratic form cannot represent
     assert worst[0.1] < 0.05
     assert worst[1.0] > 0.05 and worst[1.0] > 3 * worst[0.1]
+
+
+@pytest.mark.slow  # a prediction and a training run through the driver
+def test_predict_file_returns_modules_and_its_old_dict_is_deprecated(tmp_path, iris):
+    """`predict_file` returns a `PredictOutput` holding the `Prediction`, the
+    trained run and their `Agreement`; its switch-on times are `predict`'s own
+    (the same call), and reading it as the old dict still works for one
+    release, with a `DeprecationWarning`, giving the numbers of
+    `prediction.json`."""
+    xs, ys = iris
+    path = _write_npz(tmp_path / "iris.npz", xs=xs, ys=ys)
+    out = nqfjax.experiments.predict_file(
+        tmp_path / "out", data=path, width=8, num_steps=3000, train_network=True,
+        progress=False,
+    )  # fmt: skip
+    structure = nqfjax.Perceptron(d=4, k=3)
+    xs, ys = nqfjax.data.load_data_file(path)  # as the driver reads it (dtype)
+    direct = nqfjax.predict(
+        structure, xs, ys, init_scale=1e-4, learning_rate=out.learning_rate,
+        width=8, key=jr.key(0), num_steps=3000,
+    )  # fmt: skip
+    np.testing.assert_allclose(out.prediction.switch_times, direct.switch_times)
+    assert out.trained is not None and out.agreement is not None
+    written = json.loads(out.files["summary"].read_text())
+    with pytest.warns(DeprecationWarning, match="PredictOutput"):
+        old = out["agreement"]["switch_on"]
+    assert old == written["agreement"]["switch_on"]
+    np.testing.assert_allclose(
+        [row["relative_error"] for row in old], out.agreement.time_errors
+    )

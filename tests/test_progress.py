@@ -58,7 +58,7 @@ def test_analyse_curve_reports_each_analysis_to_the_meter():
     log = []
     ts = np.geomspace(1.0, 1e4, 200)
     loss = 1.0 / (1.0 + np.exp(ts / 300.0 - 3.0)) + 0.01 * ts**-0.3
-    summary, _ = nqfjax.experiments.analyse_curve(
+    found = nqfjax.experiments.analyse_curve(
         ts, loss, modes=None, progress=_RecordingMeter(log)
     )
     assert log[0][0] == "open" and log[0][2] == "fit"
@@ -66,7 +66,7 @@ def test_analyse_curve_reports_each_analysis_to_the_meter():
     assert total == 3 and _done(log) == total  # model, plateaus, power law
     statuses = [entry[1] for entry in log if entry[0] == "status"]
     assert statuses == ["model", "plateaus", "power_law"]
-    assert {"model", "plateaus", "power_law"} <= set(summary)
+    assert {"model", "plateaus", "power_law"} <= set(found.as_dict())
 
 
 @pytest.mark.parametrize("bad", [1, "yes", None, object()])

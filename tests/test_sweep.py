@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 import nqfjax
 from nqfjax import grid_product
+from nqfjax.sweep import CheckpointWarning
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -366,10 +367,13 @@ def test_damaged_chunk_is_named_and_recomputed(tmp_path, how):
     assert (first.n_computed, first.n_loaded, first.damaged) == (3, 0, ())
     file = tmp_path / "chunk_000001.npz"
     _damage(file, how, np.random.default_rng(0))
-    with pytest.warns(UserWarning, match=re.escape(str(file))):
+    # a `CheckpointWarning` (a `UserWarning`): `nqfjax sweep` tells it apart by
+    # its class, not its text
+    with pytest.warns(CheckpointWarning, match=re.escape(str(file))):
         again = nqfjax.sweep(
             _double, {"x": x}, checkpoint=tmp_path, chunk=2, progress=False
         )
+    assert issubclass(CheckpointWarning, UserWarning)
     assert (again.n_computed, again.n_loaded) == (1, 2)
     assert again.damaged == (str(file),)
     np.testing.assert_array_equal(again.outputs["y"], 2 * x)

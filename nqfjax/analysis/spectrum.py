@@ -60,6 +60,15 @@ from ._least_squares import (
 # --------------------------------------------------------------------------------
 # spectra: the inverse problem through solve_lv
 
+#: How the model's modes are computed: `"logistic"`, the closed form of an
+#: isolated mode (exact for these independent modes, fast), or `"solve_lv"`,
+#: each mode integrated by `solve_lv` (the same model, slower).
+SPECTRUM_METHODS = ("logistic", "solve_lv")
+
+#: The one default of `fit_spectrum`, `analyse_curve`, `fit_curve_file` and
+#: `nqfjax fit --spectrum-method`.
+DEFAULT_SPECTRUM_METHOD = "logistic"
+
 
 class SpectrumFit(eqx.Module):
     r"""The result of `fit_spectrum`: the power-law LV model of independent modes
@@ -397,7 +406,7 @@ def fit_spectrum(
     *,
     p: int,
     n_modes: int | float | None = None,
-    method: Literal["solve_lv", "logistic"] = "solve_lv",
+    method: Literal["logistic", "solve_lv"] = DEFAULT_SPECTRUM_METHOD,
     starts: Float[ArrayLike, "S 5"] | None = None,
     steps: int = 50,
     polish: int = 30,
@@ -428,9 +437,9 @@ def fit_spectrum(
     `steps` of Adam (optax) and at most `polish` steps of
     `optimistix.LevenbergMarquardt`, vmapped over starts; the best wins. The
     standard errors are Laplace (Gauss-Newton) ones, $s^2 (J^\top J)^{-1}$.
-    `method="solve_lv"` differentiates the solves in forward mode
-    (`diffrax.ForwardMode`: five parameters against `T` residuals);
-    `"logistic"` uses the closed form of an isolated mode (same model, faster).
+    `method="logistic"` (the default) uses the closed form of an isolated mode;
+    `"solve_lv"` integrates the same model and differentiates the solves in
+    forward mode (`diffrax.ForwardMode`: five parameters against `T` residuals).
     `ts` counts steps and the model is the gradient flow: GD grows a mode by
     `1 + r` per step instead of `e^r`, which shifts `rho` slightly.
 
@@ -451,7 +460,8 @@ def fit_spectrum(
     - `p`: number of explicit modes of the model (a few hundred at most).
     - `n_modes`: the total number of modes `N`, e.g. the number of learnable
       modes of the task: an int `>= p`, or `float("inf")`; default `p` (no tail).
-    - `method`: `"solve_lv"` or `"logistic"`.
+    - `method`: `"logistic"` (the default, `DEFAULT_SPECTRUM_METHOD`) or
+      `"solve_lv"` (`SPECTRUM_METHODS`).
     - `starts`: optional starting points, shape `(S, 5)` in `theta` coordinates.
     - `steps`, `polish`, `learning_rate`: Adam steps, Levenberg-Marquardt steps,
       Adam's peak learning rate.
@@ -477,8 +487,8 @@ def fit_spectrum(
         raise ValueError(f"`p` must be a positive int, got {p!r}.")
     p = int(p)
     n_modes = check_n_modes(n_modes, p)
-    if method not in ("solve_lv", "logistic"):
-        raise ValueError(f"`method` must be 'solve_lv' or 'logistic', got {method!r}.")
+    if method not in SPECTRUM_METHODS:
+        raise ValueError(f"`method` must be 'logistic' or 'solve_lv', got {method!r}.")
     dtype = jnp.result_type(float)
     use = y > rel_floor * np.max(y)
     if np.max(y) > 0 and use.sum() < 8:

@@ -6,21 +6,29 @@ import csv
 import io
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import numpy as np
 
 from .. import plots
-from ..analysis.forecast import forecast
-from ..analysis.plateaus import detect_plateaus
-from ..analysis.power_law import fit_power_law
-from ..analysis.selection import select_model
-from ..analysis.spectrum import fit_spectrum
-from ..io import jsonable, versions, write_figure, write_json
+from ..analysis.forecast import Forecast, forecast
+from ..analysis.plateaus import Plateaus, detect_plateaus
+from ..analysis.power_law import PowerLawFit, fit_power_law
+from ..analysis.selection import ModelSelection, select_model
+from ..analysis.spectrum import (
+    DEFAULT_SPECTRUM_METHOD,
+    SPECTRUM_METHODS,
+    SpectrumFit,
+    fit_spectrum,
+)
+from ..io import versions, write_figure, write_json
 from ..progress import AbstractProgressMeter, as_progress_meter
-from ..theory.power_law import power_law_exponent
+from ._outcomes import DictView, Failed, Skipped, attempt, found_or_skipped
+from ._summaries import curve_summary
 
 
 # --------------------------------------------------------------------------------
@@ -180,6 +188,69 @@ def read_curve_csv(
 # analysing one curve
 
 
+class CurveAnalysis(DictView):
+    """What `analyse_curve` found in one loss curve: each step's result is the
+    library's result module, `Skipped(reason)` when it found nothing to report
+    (a loss that is zero, flat or rising; a refused spectrum fit), `Failed(error)`
+    when it raised, or `None` when it was not asked for.
+
+    **Fields:**
+
+    - `ts`, `loss`: the curve, float64, shape `(T,)`.
+    - `model`: a `ModelSelection` (`select_model`), `Skipped` or `Failed`.
+    - `plateaus`: a `Plateaus` (`detect_plateaus` on `t > 0`; none found: length
+      0 and its `reason`) or `Failed`.
+    - `power_law`: a `PowerLawFit`, `Skipped` or `Failed`.
+    - `spectrum`: a `SpectrumFit`, `Skipped`, `Failed`, or `None` (`modes=None`).
+    - `forecast`: a `Forecast`, `Skipped`, `Failed`, or `None` (no `forecast_to`).
+    - `forecast_to`: the time forecast to, or `None`.
+
+    `figure()` draws it. Reading it as the dict `analyse_curve` used to return
+    (`analysis["power_law"]`), or unpacking it as `(summary, figure)`, is
+    deprecated (one release).
+    """
+
+    ts: np.ndarray
+    loss: np.ndarray
+    model: ModelSelection | Skipped | Failed
+    plateaus: Plateaus | Failed
+    power_law: PowerLawFit | Skipped | Failed
+    spectrum: SpectrumFit | Skipped | Failed | None = None
+    forecast: Forecast | Skipped | Failed | None = None
+    forecast_to: float | None = eqx.field(static=True, default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-able summary (the analysis part of `fit.json`)."""
+        return curve_summary(self)
+
+    def figure(self):
+        """The curve on log-log axes with the plateaus, the fitted power law and
+        its window, the spectrum model and the forecast with its band, and the
+        residuals below (a `matplotlib.figure.Figure`)."""
+        curves: dict[str, Any] = {}
+        if isinstance(self.plateaus, Plateaus):
+            curves["plateaus"] = self.plateaus
+        with jax.enable_x64(True):
+            if isinstance(self.power_law, PowerLawFit):
+                lo, hi = self.power_law.window
+                tt = np.geomspace(max(lo, self.ts[self.ts > 0][0]), hi, 100)
+                curves["power_law_curve"] = (tt, np.asarray(self.power_law(tt)))
+            if isinstance(self.spectrum, SpectrumFit):
+                curves["spectrum_curve"] = np.asarray(self.spectrum.loss(self.ts))
+        if isinstance(self.forecast, Forecast):
+            curves["forecast"] = self.forecast
+        return plots.plot_curve_analysis(self.ts, self.loss, curves, self.as_dict())
+
+    def __iter__(self):
+        warnings.warn(
+            "unpacking analyse_curve's result as (summary, figure) is deprecated: "
+            "it returns a CurveAnalysis; read its fields and call `.figure()`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return iter((self.as_dict(), self.figure()))
+
+
 def _check_options(modes, total_modes, spectrum_method) -> int | float:
     """Reject bad options before any work (a `ValueError` naming the option and
     its command-line flag); return `total_modes` as an int or `inf`."""
@@ -189,7 +260,7 @@ def _check_options(modes, total_modes, spectrum_method) -> int | float:
         raise ValueError(
             f"`modes` (--modes) must be a positive integer, got {modes!r}."
         )
-    if spectrum_method not in ("logistic", "solve_lv"):
+    if spectrum_method not in SPECTRUM_METHODS:
         raise ValueError(
             "`spectrum_method` must be 'logistic' or 'solve_lv', got "
             f"{spectrum_method!r}."
@@ -209,108 +280,28 @@ def _check_options(modes, total_modes, spectrum_method) -> int | float:
     return int(total_modes)
 
 
+def _model(ts, loss, **_):
+    chosen = select_model(ts, loss)
+    return chosen if chosen.best else Skipped(chosen.reason)
+
+
 def _plateaus(ts, loss, **_):
     pos = ts > 0
-    pl = detect_plateaus(ts[pos], loss[pos])
-    entry = {
-        "count": len(pl),
-        "start": pl.start,
-        "end": pl.end,
-        "level": pl.level,
-        "level_err": pl.level_err,
-        "drop": pl.drop,
-        "drop_err": pl.drop_err,
-        "drop_times": pl.drop_times,
-        "drop_times_err": pl.drop_times_err,
-    }
-    if not len(pl):
-        entry["reason"] = pl.reason
-    return entry, pl
+    return detect_plateaus(ts[pos], loss[pos])
 
 
 def _power_law(ts, loss, **_):
-    fit = fit_power_law(ts, loss)
-    if not fit.found:
-        return {"found": False, "reason": fit.reason}, None
-    lo, hi = fit.window
-    tt = np.geomspace(max(lo, ts[ts > 0][0]), hi, 100)
-    entry = {
-        "gamma": float(fit.gamma),
-        "gamma_err": float(fit.gamma_err),
-        "uncertainty": fit.uncertainty,
-        "L_inf": float(fit.L_inf),
-        "c": float(fit.c),
-        "t0": float(fit.t0),
-        "window": list(fit.window),
-        "n_points": fit.n_points,
-        "rms_log": float(fit.rms),
-    }
-    return entry, (tt, np.asarray(fit(tt)))
+    return found_or_skipped(fit_power_law(ts, loss))
 
 
 def _spectrum(ts, loss, *, modes, total_modes, spectrum_method, **_):
     spec = fit_spectrum(ts, loss, p=modes, n_modes=total_modes, method=spectrum_method)
-    if not spec.found:
-        return {"found": False, "reason": spec.reason}, None
-    a, b = float(spec.alpha), float(spec.beta)
-    try:
-        lazy = power_law_exponent(a, b, "lazy")
-    except ValueError:
-        lazy = float("nan")
-    entry = {
-        "alpha": a,
-        "beta": b,
-        "alpha_err": float(spec.alpha_err),
-        "beta_err": float(spec.beta_err),
-        "eps": float(spec.eps),
-        "rate": float(spec.rate),
-        "amplitude": float(spec.amplitude),
-        "gamma_rich": float(spec.gamma),
-        "gamma_lazy": lazy,
-        "modes": spec.p,
-        "method": spec.method,
-        "rms_log": float(spec.rms),
-    }
-    return entry, np.asarray(spec.loss(ts))
+    return found_or_skipped(spec)
 
 
 def _forecast(ts, loss, *, forecast_to, modes, total_modes, **_):
     p = modes if modes is not None else int(min(100, total_modes))
-    fc = forecast(ts, loss, forecast_to, p=p, n_modes=total_modes)
-    if not fc.found:
-        return {"found": False, "reason": fc.reason}, None
-    entry = {
-        "until": forecast_to,
-        "observed_until": fc.observed_until,
-        "ts": fc.ts,
-        "loss": fc.loss,
-        "lower": fc.lower,
-        "upper": fc.upper,
-        "next_switch_on_times": fc.switch_on_times,
-        "next_switch_on_modes": fc.switch_on_modes,
-        "final_level": float(fc.final_level),
-        "final_band": [float(fc.final_lower), float(fc.final_upper)],
-        "floor": float(fc.floor),
-        "alpha": float(fc.alpha),
-        "beta": float(fc.beta),
-        "rms_log": float(fc.rms),
-    }
-    return entry, fc
-
-
-def _model(ts, loss, **_):
-    chosen = select_model(ts, loss)
-    if not chosen.best:
-        return {"found": False, "reason": chosen.reason}, None
-    entry = {
-        "best": chosen.best,
-        "runner_up": chosen.runner_up,
-        "why": chosen.why,
-        "criterion": chosen.criterion,
-        "scores": chosen.scores,
-        "rms_log": chosen.rms,
-    }
-    return entry, None
+    return found_or_skipped(forecast(ts, loss, forecast_to, p=p, n_modes=total_modes))
 
 
 _STEPS = {
@@ -328,17 +319,17 @@ def analyse_curve(
     *,
     modes: int | None = 200,
     total_modes: float = float("inf"),
-    spectrum_method: str = "logistic",
+    spectrum_method: str = DEFAULT_SPECTRUM_METHOD,
     forecast_to: float | None = None,
     progress: bool | AbstractProgressMeter = False,
-):
+) -> CurveAnalysis:
     r"""Plateaus, power law, spectrum and forecast of one loss curve.
 
-    Up to five analyses, each of which may fail on its own (its entry of the
-    summary is then `{"error": message}`) or find nothing (a loss that is zero,
-    flat or rising has no power law, spectrum or forecast, and a refused
-    spectrum fit has none: the entry is then `{"found": false, "reason":
-    message}`; no plateau: a count of 0 and its `reason`):
+    Up to five analyses, each of which may fail on its own (its field of the
+    result is then `Failed(error)`) or find nothing (a loss that is zero, flat
+    or rising has no power law, spectrum or forecast, and a refused spectrum
+    fit has none: `Skipped(reason)`; no plateau: a `Plateaus` of length 0 and
+    its `reason`):
 
     - `model`: `select_model`, the curve's shape (a staircase, a power law, or a
       staircase turning into one) by BIC, with the runner-up and why it lost;
@@ -349,9 +340,9 @@ def analyse_curve(
       an automatically chosen window, with its systematic uncertainty;
     - `spectrum`: `fit_spectrum` with `modes` independent modes: the spectral
       exponents `alpha`, `beta` of the power-law Lotka-Volterra model that
-      reproduces the curve, and the exponents the theory predicts from them
-      (`gamma_rich`, `gamma_lazy`) to compare with the fitted `gamma`. Skipped
-      with `modes=None`;
+      reproduces the curve, and the exponent the theory predicts from them
+      (`gamma`, rich) to compare with the fitted one. Skipped (`None`) with
+      `modes=None`;
     - `forecast` (with `forecast_to`): `forecast` to that time, its band, the
       next switch-on times and the final level.
 
@@ -364,16 +355,14 @@ def analyse_curve(
     - `total_modes`: the number of modes of the spectrum behind the curve; those
       beyond `modes` enter the model as a continuum tail (`fit_spectrum`'s
       `n_modes`; default `inf`, an unbounded power-law spectrum).
-    - `spectrum_method`: `"logistic"` (closed form, fast) or `"solve_lv"`
-      (through the ODE solver, slow).
+    - `spectrum_method`: `fit_spectrum`'s `method`, `"logistic"` (closed form,
+      fast; the default, `DEFAULT_SPECTRUM_METHOD`) or `"solve_lv"` (through
+      the ODE solver, slow).
     - `forecast_to`: forecast the curve to this time (after its last one).
     - `progress`: a progress meter over the analyses
       (`nqfjax.AbstractProgressMeter`; `True` for a `tqdm` bar, `False` for none).
 
-    **Returns:** `(summary, figure)`: a JSON-able dict and a
-    `matplotlib.figure.Figure` (the curve on log-log axes with the plateaus, the
-    fitted power law and its window, the fitted spectrum model and the
-    forecast with its band).
+    **Returns:** a `CurveAnalysis` (`.figure()` draws it).
 
     **Raises:** `ValueError` for a bad option (before any work).
     """
@@ -381,11 +370,6 @@ def analyse_curve(
     ts = np.asarray(ts, np.float64)
     loss = np.asarray(loss, np.float64)
     _check_forecast_to(forecast_to, ts)
-    summary: dict[str, Any] = {
-        "n_points": int(ts.size),
-        "t_range": [float(ts[0]), float(ts[-1])],
-        "loss_range": [float(loss.min()), float(loss.max())],
-    }
     names = ["model", "plateaus", "power_law"]
     names += [] if modes is None else ["spectrum"]
     names += [] if forecast_to is None else ["forecast"]
@@ -395,23 +379,14 @@ def analyse_curve(
         spectrum_method=spectrum_method,
         forecast_to=forecast_to,
     )
-    curves: dict[str, Any] = {}
+    found: dict[str, Any] = {}
     bar = as_progress_meter(progress).bar(len(names), "fit")
     with jax.enable_x64(True), bar:
         for name in names:
             bar.status(name)
-            try:
-                summary[name], drawn = _STEPS[name](ts, loss, **options)
-            except (ValueError, RuntimeError) as e:  # a failed fit, reported
-                summary[name], drawn = {"error": " ".join(str(e).split())}, None
-            if drawn is not None:
-                curves[name] = drawn
+            found[name] = attempt(_STEPS[name], ts, loss, **options)
             bar.update()
-    # the figure's names for the fitted curves
-    for name in ("power_law", "spectrum"):
-        if name in curves:
-            curves[name + "_curve"] = curves.pop(name)
-    return jsonable(summary), plots.plot_curve_analysis(ts, loss, curves, summary)
+    return CurveAnalysis(ts=ts, loss=loss, forecast_to=forecast_to, **found)
 
 
 def _check_forecast_to(forecast_to, ts=None) -> None:
@@ -432,6 +407,42 @@ def _check_forecast_to(forecast_to, ts=None) -> None:
         )
 
 
+class FitOutput(DictView):
+    """What `fit_curve_file` read, found and wrote.
+
+    **Fields:**
+
+    - `source`: the CSV file; `curve`: the `Curve` read from it.
+    - `analysis`: the `CurveAnalysis`.
+    - `files`: `{"summary": fit.json, "figure": fit.png}`, their paths.
+
+    Reading it as the dict `fit_curve_file` used to return (`out["power_law"]`)
+    is deprecated (one release).
+    """
+
+    source: str = eqx.field(static=True)
+    curve: Curve
+    analysis: CurveAnalysis
+    files: dict[str, Path] = eqx.field(static=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `fit.json`, with `files` mapped to their paths."""
+        return {
+            **_fit_json(self.source, self.curve, self.analysis),
+            "files": self.files,
+        }
+
+
+def _fit_json(source: str, curve: Curve, analysis: CurveAnalysis) -> dict[str, Any]:
+    """`fit.json` less its `files`."""
+    return {
+        "source": source,
+        "columns": {"time": curve.time_column, "loss": curve.loss_column},
+        **analysis.as_dict(),
+        "versions": versions(),
+    }
+
+
 def fit_curve_file(
     path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -440,10 +451,10 @@ def fit_curve_file(
     loss_column: str = "loss",
     modes: int | None = 200,
     total_modes: float = float("inf"),
-    spectrum_method: str = "logistic",
+    spectrum_method: str = DEFAULT_SPECTRUM_METHOD,
     forecast_to: float | None = None,
     progress: bool | AbstractProgressMeter = True,
-) -> dict[str, Any]:
+) -> FitOutput:
     """Read a loss curve from CSV (`read_curve_csv`), analyse it
     (`analyse_curve`) and write `fit.json` and `fit.png` to `out_dir`
     (atomically; nothing is written if the CSV is malformed).
@@ -455,8 +466,9 @@ def fit_curve_file(
     - `modes`, `total_modes`, `spectrum_method`, `forecast_to`, `progress`: as
       `analyse_curve`.
 
-    **Returns:** the summary (the content of `fit.json`), with `files` mapping
-    `summary` and `figure` to their paths.
+    **Returns:** a `FitOutput`: the curve, its `CurveAnalysis` and the paths of
+    `fit.json` (every fitted number: the analysis' JSON form, with the source,
+    its columns and the library versions) and `fit.png` (`CurveAnalysis.figure`).
 
     **Raises:** `ValueError` from `read_curve_csv`, or for a bad `modes`,
     `total_modes`, `spectrum_method` or `forecast_to` (before the file is read,
@@ -465,7 +477,7 @@ def fit_curve_file(
     total_modes = _check_options(modes, total_modes, spectrum_method)
     _check_forecast_to(forecast_to)
     curve = read_curve_csv(path, time_column=time_column, loss_column=loss_column)
-    summary, fig = analyse_curve(
+    analysis = analyse_curve(
         curve.ts,
         curve.loss,
         modes=modes,
@@ -475,16 +487,14 @@ def fit_curve_file(
         progress=progress,
     )
     files = {"summary": "fit.json", "figure": "fit.png"}
-    summary = {
-        "source": str(path),
-        "columns": {"time": curve.time_column, "loss": curve.loss_column},
-        **summary,
-        "versions": versions(),
-        "files": files,
-    }
+    summary = {**_fit_json(str(path), curve, analysis), "files": files}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_figure(out / files["figure"], fig)
+    write_figure(out / files["figure"], analysis.figure())
     write_json(out / files["summary"], summary)
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary
+    return FitOutput(
+        source=str(path),
+        curve=curve,
+        analysis=analysis,
+        files={k: out / v for k, v in files.items()},
+    )

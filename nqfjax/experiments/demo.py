@@ -6,7 +6,6 @@ against the measurements, and writes figures plus `report.json` and `report.md`.
 Everything it does goes through the public API; the command line only calls it.
 """
 
-import dataclasses
 import json
 import os
 import time
@@ -14,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -43,94 +41,9 @@ from ..tasks.sampled import task_from_samples
 from ..theory.power_law import power_law_exponent, sharp_switch_loss
 from ..theory.staircase import singular_limit
 from ..theory.switch_on import switch_on_times
-from ._report import checks, markdown, report_dict
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoConfig:
-    """The demo's built-in defaults (all of them end up in `report.json`).
-
-    The network is a two-layer tanh perceptron on exactly whitened inputs (an
-    orthogonal design, `(1/n) X^T X = I`), with a linear teacher of singular values
-    `singular_values`: each singular value is one logistic mode. The learning
-    rate keeps `r_k = 2 learning_rate s_k <= 0.01` per step, so gradient descent
-    follows the flow to ~0.3% in time. Small singular values keep the learned
-    weights small, so that tanh's cubic term stays negligible: it couples the
-    modes, and once the first modes are learned it seeds the later ones at an
-    amplitude independent of the init scale. With these values that seeding
-    overtakes the init below `sigma ~ 1e-9`, so the init-scale sweep stays above
-    it (measured: the slowest mode's slope 19% low over 1e-4..1e-10, and with 8x
-    larger singular values 7% low over 1e-3..1e-7).
-
-    The Lotka-Volterra systems are integrated with `solve_lv_batch` (the same
-    steps and numbers as `solve_lv`'s default Rosenbrock solver, in one loop
-    whose compiled program JAX's persistent cache can keep across runs), or with
-    `solve_lv` and an explicit solver (`diffrax.Tsit5`) when `explicit_lv`.
-    `explicit_mflow` integrates the M-space flow with `diffrax.Tsit5` (enough for
-    this small, mildly stiff problem and much quicker to compile) instead of
-    `solve_mflow`'s default; `closed_form_power_law` takes the power-law curve
-    from the exact logistic solution of its independent modes instead of
-    integrating them. `DemoConfig.quick()` sets these two, and leaves the M-space
-    flow out (`mflow=False`): its diffrax program holds runtime checks (host
-    callbacks), which JAX's persistent cache does not keep, so it compiles again
-    in every process (~3 s, a fifth of a quick run).
-    """
-
-    d: int = 6
-    k: int = 3
-    n: int = 32
-    singular_values: tuple[float, ...] = (0.005, 0.0025, 0.00125)
-    learning_rate: float = 1.0
-    width: int = 128
-    init_scale: float = 1e-4
-    steps: int = 8000
-    num_records: int = 400
-    sweep_scales: tuple[float, ...] = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
-    sweep_steps: int = 14000
-    power_law_modes: int = 2000
-    alpha: float = 1.0
-    beta: float = 0.5
-    power_law_eps: float = 1e-16
-    seed: int = 0
-    mflow: bool = True
-    explicit_mflow: bool = False
-    explicit_lv: bool = False
-    closed_form_power_law: bool = False
-    # tolerances of the agreement checks (those of the library's tests)
-    tol_switch_on: float = 0.02
-    tol_plateau: float = 0.01
-    tol_slope: float = 0.03
-    tol_gamma_sharp: float = 0.01
-    tol_gamma_rich: float = 0.05
-
-    @classmethod
-    def quick(cls) -> "DemoConfig":
-        """A smaller problem for tests and a first look: two modes instead of
-        three (so half the steps), a quarter of the records, three init scales, a
-        half the power-law modes (at eps = 1e-8, where 1000 modes still give
-        a fit window of 1.4 decades, as 2000 do at eps = 1e-16; `fit_power_law`
-        calls less than a decade a single drop); no M-space flow (the staircase
-        figure shows the real network and the Lotka-Volterra reduction) and the
-        closed-form power law. The same checks at the same tolerances (the checked
-        numbers agree with those of the default solvers to the digits printed).
-        Most of its time is tracing and compiling: `nqfjax demo` caches the
-        programs JAX can cache (README)."""
-        return cls(
-            d=4,
-            k=2,
-            n=16,
-            singular_values=(0.005, 0.0025),
-            width=32,
-            steps=4000,
-            num_records=100,
-            sweep_scales=(1e-4, 1e-6, 1e-8),
-            sweep_steps=8000,
-            power_law_modes=1000,
-            power_law_eps=1e-8,
-            mflow=False,
-            explicit_mflow=True,
-            closed_form_power_law=True,
-        )
+from ._outcomes import DictView
+from ._report import DemoCheck, checks, markdown, report_dict
+from .demo_config import DemoConfig
 
 
 # --------------------------------------------------------------------------------
@@ -191,9 +104,10 @@ def _problem(cfg: DemoConfig) -> _Problem:
 
 def _lv_loss(cfg: DemoConfig, lv, m0, ts, learning_rate) -> np.ndarray:
     """The loss at the steps `ts` of `learning_rate`: `solve_lv_batch` (a batch
-    of one, at the flow times), or `solve_lv` with `diffrax.Tsit5` (`explicit_lv`)."""
-    if cfg.explicit_lv:
-        sol = solve_lv(lv, m0, ts, learning_rate, solver=diffrax.Tsit5())
+    of one, at the flow times) for the default solver, else `solve_lv` with
+    `cfg.lv_solver`."""
+    if cfg.lv_solver is not None:
+        sol = solve_lv(lv, m0, ts, learning_rate, solver=cfg.lv_solver)
         return np.asarray(sol.loss)
     s = learning_rate * jnp.asarray(ts)
     return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], s).loss[0])
@@ -205,7 +119,7 @@ class _Engines(NamedTuple):
 
     record: np.ndarray
     L_w: np.ndarray
-    L_m: np.ndarray | None  # None without `cfg.mflow`
+    L_m: np.ndarray | None  # None without `cfg.mflow_solver`
     L_lv: np.ndarray
     m0: np.ndarray
     t_pred: np.ndarray
@@ -237,8 +151,8 @@ def _engines(cfg: DemoConfig, pb: _Problem) -> _Engines:
     )
     ts = jnp.asarray(record, jnp.float64)
     L_m = None
-    if cfg.mflow:
-        solver = diffrax.Tsit5() if cfg.explicit_mflow else None
+    if cfg.mflow_solver is not None:
+        solver = cfg.mflow_solver
         M = solve_mflow(pb.task, M0, ts, cfg.learning_rate, solver=solver).ys
         L_m = _loss_curve(pb.task, M)
     m0 = np.diag(pb.basis.T @ M0 @ pb.basis)
@@ -542,6 +456,38 @@ class _Stages:
         self.bar.close()
 
 
+class DemoOutput(DictView):
+    """What `run_demo` checked and wrote.
+
+    **Fields:**
+
+    - `config`: the `DemoConfig` run.
+    - `checks`: the comparisons, `DemoCheck`s (measured against a prediction of
+      the theory or another simulation, with the tolerance and the verdict).
+    - `timings`: seconds per stage.
+    - `files`: the paths of `report` (`report.json`), `markdown` (`report.md`)
+      and each figure (by file name).
+
+    `passed`: every check within its tolerance. Reading it as the dict
+    `run_demo` used to return (the content of `report.json`) is deprecated
+    (one release).
+    """
+
+    config: DemoConfig = eqx.field(static=True)
+    checks: tuple[DemoCheck, ...]
+    timings: dict[str, float] = eqx.field(static=True)
+    files: dict[str, Path] = eqx.field(static=True)
+
+    @property
+    def passed(self) -> bool:
+        """Whether every check is within its tolerance."""
+        return all(check.passed for check in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `report.json`."""
+        return json.loads(Path(self.files["report"]).read_text())
+
+
 def run_demo(
     out_dir: str | os.PathLike = "nqfjax-out",
     *,
@@ -549,7 +495,7 @@ def run_demo(
     config: DemoConfig | None = None,
     progress: bool | AbstractProgressMeter = True,
     log: Callable[[str], None] | None = None,
-) -> dict:
+) -> DemoOutput:
     r"""Run the headline experiment and write its figures and report to `out_dir`.
 
     1. A tanh perceptron on whitened data, trained by gradient descent from
@@ -577,8 +523,8 @@ def run_demo(
       `True` for a `tqdm` bar, `False` for none).
     - `log`: where to send one-line status messages (default: nowhere).
 
-    **Returns:** the report (the content of `report.json`), with `passed` true when
-    every check is within its tolerance.
+    **Returns:** a `DemoOutput`: the checks (`passed` when every one is within
+    its tolerance), the stages' timings and the paths of what was written.
     """
     cfg = config or (DemoConfig.quick() if quick else DemoConfig())
     out = Path(out_dir)
@@ -600,4 +546,10 @@ def run_demo(
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     atomic_write_text(out / "report.md", markdown(report))
     log(f"report: {out / 'report.md'}")
-    return report
+    files = {"report": out / "report.json", "markdown": out / "report.md"}
+    return DemoOutput(
+        config=cfg,
+        checks=tuple(results),
+        timings=dict(stages.timings),
+        files={**files, **{name: out / name for name in figures}},
+    )

@@ -189,9 +189,7 @@ def _exact_violation(task):
     return 0.0
 
 
-def _solve_lv_run(
-    options, lv, basis, M0, ts, eta, weight_decay, **labels
-) -> EngineRun:
+def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> EngineRun:
     """`solve_lv` from $m_0 = \\mathrm{diag}(U^\\top M_0 U)$; the modes are the
     columns of the basis, by decreasing last value."""
     m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)

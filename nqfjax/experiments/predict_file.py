@@ -1,25 +1,28 @@
 """`nqfjax predict`: a prediction for a data file or a bundled data set, sized
 from the data, written as JSON and a figure, optionally against real training."""
 
+import json
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax.random as jr
 import numpy as np
 
 from .. import plots
 from .._checks import static_int
 from ..data import load_data_file, load_dataset
-from ..engines.train import train
+from ..engines.train import TrainResult, train
 from ..io import jsonable, versions, write_figure, write_json
 from ..progress import AbstractProgressMeter, as_progress_meter
 from ..structures.base import AbstractStructure
 from ..structures.registry import structure_arguments, structure_class
 from ..tasks.sampled import task_from_samples
+from ._outcomes import DictView
 from .engines import AbstractEngine, engine_from_word
-from .predict import agreement, predict
+from .predict import Agreement, Prediction, agreement, predict
 
 
 # --------------------------------------------------------------------------------
@@ -106,11 +109,26 @@ def default_hyperparameters(
     return learning_rate, int(np.ceil(2.5 * np.log(1.0 / init_scale**2) / r_j))
 
 
-def _agreement_summary(P, trained) -> dict[str, Any]:
-    """The agreement of a trained network with the prediction `P`, for
-    `prediction.json`: per switch-on, and the loss curve."""
-    a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
-    return {
+def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any]:
+    """The content of `prediction.json` (less versions and files)."""
+    summary: dict[str, Any] = {
+        "source": source,
+        "samples": int(xs.shape[0]),
+        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
+        "hyperparameters": hyper,
+        "engine": P.engine,
+        "reason": P.reason,
+        "violation": P.violation,
+        "growth_rate": P.growth_rate,
+        "switch_times": P.switch_times,
+        "plateaus": P.plateaus,
+        "mode_values": P.mode_values,
+        "curve": {"t": P.ts, "loss": P.loss},
+    }
+    if trained is None:
+        return summary
+    summary["trained"] = {"t": trained.ts, "loss": trained.loss}
+    summary["agreement"] = {
         "switch_on": [
             {"predicted": p, "measured": m, "relative_error": e, "overlap": o}
             for p, m, e, o in zip(
@@ -123,6 +141,48 @@ def _agreement_summary(P, trained) -> dict[str, Any]:
         "log_loss_departure": a.log_loss_departure,
         "up_to": a.horizon,
     }
+    return summary
+
+
+def _load(data, dataset, n) -> tuple[np.ndarray, np.ndarray, str]:
+    """`(xs, ys, source)` from a data file or a bundled data set."""
+    if (data is None) == (dataset is None):
+        raise ValueError("Give exactly one of a data file and `dataset`.")
+    if data is not None:
+        return *load_data_file(data), str(data)
+    return *load_dataset(dataset, n=n), f"dataset:{dataset}"
+
+
+class PredictOutput(DictView):
+    """What `predict_file` predicted, trained and wrote.
+
+    **Fields:**
+
+    - `source`: the data file, or `dataset:NAME`.
+    - `prediction`: the `Prediction` (engine, why, switch-on times, curve, ...).
+    - `trained`: the `TrainResult` of the real network (`train_network`), or
+      `None`; `agreement`: its `Agreement` with the prediction, or `None`.
+    - `learning_rate`, `num_steps`: those used (given, or the defaults of
+      `default_hyperparameters`).
+    - `files`: the paths of `summary` (`prediction.json`) and `figure`
+      (`prediction.png`).
+
+    Reading it as the dict `predict_file` used to return (the content of
+    `prediction.json`) is deprecated (one release).
+    """
+
+    source: str = eqx.field(static=True)
+    prediction: Prediction
+    trained: TrainResult | None
+    agreement: Agreement | None
+    learning_rate: float = eqx.field(static=True)
+    num_steps: int = eqx.field(static=True)
+    files: dict[str, Path] = eqx.field(static=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `prediction.json`, with `files` mapped to their paths."""
+        summary = json.loads(Path(self.files["summary"]).read_text())
+        return {**summary, "files": self.files}
 
 
 def predict_file(
@@ -141,7 +201,7 @@ def predict_file(
     train_network: bool = False,
     seed: int = 0,
     progress: bool | AbstractProgressMeter = True,
-) -> dict[str, Any]:
+) -> PredictOutput:
     """Predict training on a data file (or a bundled data set) and write
     `prediction.json` and `prediction.png` to `out_dir`; with `train_network`
     also train the real network (`nqfjax.train`, full-batch GD, same key) and
@@ -165,13 +225,13 @@ def predict_file(
     - `progress`: a progress meter (`nqfjax.AbstractProgressMeter`; `True` for a
       `tqdm` bar, `False` for none).
 
-    **Returns:** the summary written to `prediction.json`, with `files`.
+    **Returns:** a `PredictOutput` (the `Prediction`, the trained run and its
+    `Agreement`, the paths of `prediction.json` and `prediction.png`).
 
     **Raises:** `ValueError` (one line naming the problem) for a bad file, data
     set, architecture or hyperparameter, before any long computation.
     """
-    if (data is None) == (dataset is None):
-        raise ValueError("Give exactly one of a data file and `dataset`.")
+    xs, ys, source = _load(data, dataset, n)
     if isinstance(engine, str):
         engine = engine_from_word(engine)
         warnings.warn(
@@ -180,12 +240,6 @@ def predict_file(
             DeprecationWarning,
             stacklevel=2,
         )
-    if data is not None:
-        xs, ys = load_data_file(data)
-        source = str(data)
-    else:
-        xs, ys = load_dataset(dataset, n=n)
-        source = f"dataset:{dataset}"
     structure = structure_for_data(arch, xs, ys, arch_args)
     width = static_int("width", width, 1)
     if not (np.isfinite(init_scale) and init_scale > 0):
@@ -207,27 +261,7 @@ def predict_file(
         engine=engine,
     )
     bar.update()
-    summary: dict[str, Any] = {
-        "source": source,
-        "samples": int(xs.shape[0]),
-        "architecture": {"name": arch, "p": structure.p, "k": structure.k},
-        "hyperparameters": {
-            "init_scale": init_scale,
-            "learning_rate": learning_rate,
-            "width": width,
-            "num_steps": int(num_steps),
-            "seed": seed,
-        },
-        "engine": P.engine,
-        "reason": P.reason,
-        "violation": P.violation,
-        "growth_rate": P.growth_rate,
-        "switch_times": P.switch_times,
-        "plateaus": P.plateaus,
-        "mode_values": P.mode_values,
-        "curve": {"t": P.ts, "loss": P.loss},
-    }
-    trained = None
+    trained = a = None
     if train_network:
         trained = train(
             structure,
@@ -241,8 +275,15 @@ def predict_file(
             record_at=[int(s) for s in np.asarray(P.ts)],
         )
         bar.update()
-        summary["trained"] = {"t": trained.ts, "loss": trained.loss}
-        summary["agreement"] = _agreement_summary(P, trained)
+        a = agreement(P, trained, num_switches=len(P.switch_times) or 1)
+    hyper = {
+        "init_scale": init_scale,
+        "learning_rate": learning_rate,
+        "width": width,
+        "num_steps": int(num_steps),
+        "seed": seed,
+    }
+    summary = _summary(source, xs, arch, structure, hyper, P, trained, a)
     title = f"{arch} on {Path(source).name if data is not None else dataset}"
     fig = plots.plot_prediction(P, trained, title)
     files = {"summary": "prediction.json", "figure": "prediction.png"}
@@ -253,5 +294,12 @@ def predict_file(
     write_json(out / files["summary"], summary)
     bar.update()
     bar.close()
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary
+    return PredictOutput(
+        source=source,
+        prediction=P,
+        trained=trained,
+        agreement=a,
+        learning_rate=float(learning_rate),
+        num_steps=int(num_steps),
+        files={k: out / v for k, v in files.items()},
+    )

@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -23,7 +25,8 @@ from ..io import atomic_write, check_output_dir, versions, write_figure, write_j
 from ..progress import AbstractProgressMeter
 from ..structures.base import AbstractStructure
 from ..structures.models import MODELS
-from ..sweep import defer_interrupts, grid_product, sweep
+from ..sweep import CheckpointWarning, defer_interrupts, grid_product, sweep
+from ._outcomes import DictView
 from .predict import predict
 from .sweep_config import OPTIMIZERS, SweepConfig
 
@@ -64,6 +67,11 @@ def _group_tag(config: SweepConfig, optimizer: str, architecture: str) -> str:
 #: A run counts as diverged from the first recorded step at which its loss is not
 #: finite or exceeds `DIVERGENCE_FACTOR` times its (positive) loss at step 0.
 DIVERGENCE_FACTOR = 1e3
+
+#: The criterion in words (`summary.json`, `nqfjax sweep`).
+DIVERGENCE_CRITERION = (
+    f"a recorded loss not finite or above {DIVERGENCE_FACTOR:g} x the loss at step 0"
+)
 
 
 def _diverged_at(steps: np.ndarray, loss: np.ndarray):
@@ -161,7 +169,7 @@ def _run_groups(config, out, points, shape, steps, progress, interrupted):
                     tag=_group_tag(config, opt_name, arch),
                 )
             for w in caught:  # the checkpoint's go to the summary, others on
-                if str(w.message).startswith("checkpoint chunk "):
+                if issubclass(w.category, CheckpointWarning):
                     notes.append(str(w.message))
                 else:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -204,12 +212,141 @@ def _runs(config, steps, loss) -> tuple[list[dict], list[int]]:
     return runs, [k for k, run in enumerate(runs) if run["diverged"]]
 
 
+_FILES = {
+    "results": "results.npz",
+    "summary": "summary.json",
+    "figure": "loss_curves.png",
+    "checkpoint": "checkpoint",
+}
+
+
+def _switch_on_array(shape, theory) -> np.ndarray:
+    """The GD groups' predicted switch-on times in one NaN-padded array of
+    shape `(*shape, K)` (`shape`: optimizer, architecture, init scale,
+    learning rate)."""
+    K = max((t.shape[-1] for t, _ in theory.values()), default=0)
+    switch_on = np.full((*shape, K), np.nan)
+    for (i, j), (t, _) in theory.items():
+        switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
+    return switch_on
+
+
+def _summary(config, steps, loss, counts, notes, theory) -> dict[str, Any]:
+    """The content of `summary.json`."""
+    grid = config.grid
+    runs, diverged = _runs(config, steps, loss)
+    return {
+        "config": config.to_dict(),
+        "config_file": config.source,
+        "versions": versions(),
+        "loss_shape": [
+            "optimizer",
+            "architecture",
+            "init_scale",
+            "learning_rate",
+            "seed",
+            "step",
+        ],
+        "steps": steps,
+        "chunks": counts,
+        "checkpoint_warnings": notes,
+        "diverged": {
+            "criterion": DIVERGENCE_CRITERION,
+            "count": len(diverged),
+            "runs": diverged,
+        },
+        "runs": runs,
+        "predicted_switch_on": {
+            f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
+                "engine": why,
+                "seed": grid["seed"][0],
+                "times": t,  # [init_scale][learning_rate][mode], in steps
+            }
+            for (i, j), (t, why) in theory.items()
+        },
+        "files": dict(_FILES),
+    }
+
+
+def _write(out, grid, axes, steps, loss, switch_on, summary, interrupted) -> None:
+    """The figure, `summary.json` and, last, `results.npz` (inside the caller's
+    `defer_interrupts` block: an interrupt stops before `results.npz`)."""
+    files = summary["files"]
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "loss": loss,
+        "steps": steps,
+        "optimizer": np.asarray(grid["optimizer"]),
+        "architecture": np.asarray(grid["architecture"]),
+        **{name: a for name, a in axes.items()},
+    }
+    write_figure(
+        out / files["figure"],
+        plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
+    )
+    write_json(out / files["summary"], summary)
+    # a safe point: the block may be nested in a caller's (the CLI's), whose
+    # exit, not this one's, raises; an interrupt that came stops here, before
+    # results.npz, which is written last: it exists only when all is done
+    if interrupted():
+        raise KeyboardInterrupt
+    atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
+
+
+class SweepOutput(DictView):
+    """What `run_sweep_config` computed and wrote.
+
+    **Fields:**
+
+    - `config`: the `SweepConfig`.
+    - `steps`: the recorded steps, shape `(R,)`.
+    - `loss`: shape `(n_optimizer, n_architecture, n_init_scale,
+      n_learning_rate, n_seed, R)` (as `results.npz`).
+    - `step_diverged`: the first recorded step at which each run diverged
+      (`DIVERGENCE_CRITERION`), NaN where it did not; `loss.shape[:-1]`.
+    - `predicted_switch_on`: the theory's switch-on times of each mode for the
+      full-batch GD groups, shape `(n_optimizer, n_architecture, n_init_scale,
+      n_learning_rate, K)`, NaN-padded (NaN for the other groups).
+    - `n_chunks`, `n_computed`, `n_loaded`: the checkpoint chunks over every
+      group, computed by this call and loaded.
+    - `damaged`: the chunk files found damaged and recomputed (each group's
+      `SweepResult.damaged`); `checkpoint_warnings`: the checkpoint's
+      `CheckpointWarning`s, each saying which file and why.
+    - `files`: the paths of `results`, `summary`, `figure` and `checkpoint`.
+
+    Reading it as the dict `run_sweep_config` used to return (the content of
+    `summary.json`) is deprecated (one release).
+    """
+
+    config: SweepConfig = eqx.field(static=True)
+    steps: np.ndarray
+    loss: np.ndarray
+    step_diverged: np.ndarray
+    predicted_switch_on: np.ndarray
+    n_chunks: int = eqx.field(static=True)
+    n_computed: int = eqx.field(static=True)
+    n_loaded: int = eqx.field(static=True)
+    damaged: tuple[str, ...] = eqx.field(static=True)
+    checkpoint_warnings: tuple[str, ...] = eqx.field(static=True)
+    files: dict[str, Path] = eqx.field(static=True)
+
+    @property
+    def criterion(self) -> str:
+        """When a run counts as diverged, in words."""
+        return DIVERGENCE_CRITERION
+
+    def as_dict(self) -> dict[str, Any]:
+        """The content of `summary.json`, with `files` mapped to their paths."""
+        summary = json.loads(Path(self.files["summary"]).read_text())
+        return {**summary, "files": self.files}
+
+
 def run_sweep_config(
     config: SweepConfig,
     out_dir: str | os.PathLike,
     *,
     progress: bool | AbstractProgressMeter = True,
-) -> dict[str, Any]:
+) -> SweepOutput:
     """Train the real network at every point of a configuration's grid and write
     the results.
 
@@ -260,8 +397,9 @@ def run_sweep_config(
       for a `tqdm` bar labelled with the group, `False` for none, or a meter
       (`nqfjax.AbstractProgressMeter`).
 
-    **Returns:** the summary (the content of `summary.json`), with `files`
-    mapping `results`, `summary`, `figure` and `checkpoint` to their paths.
+    **Returns:** a `SweepOutput`: the loss curves, the steps where runs
+    diverged, the predicted switch-on times, the chunk counts and damaged chunk
+    files, and the paths of `results`, `summary`, `figure` and `checkpoint`.
 
     **Raises:** `ValueError` for an output folder that cannot be created or
     written, or a checkpoint from a different configuration or that cannot be
@@ -285,70 +423,20 @@ def run_sweep_config(
         loss, counts, notes, theory = _run_groups(
             config, out, points, shape, steps, progress, interrupted
         )
-        switch_on = np.full((*loss.shape[:4], 0), np.nan)
-        if theory:
-            K = max(t.shape[-1] for t, _ in theory.values())
-            switch_on = np.full((*loss.shape[:4], K), np.nan)
-            for (i, j), (t, _) in theory.items():
-                switch_on[i, j, : t.shape[0], : t.shape[1], : t.shape[2]] = t
-        runs, diverged = _runs(config, steps, loss)
-        files = {
-            "results": "results.npz",
-            "summary": "summary.json",
-            "figure": "loss_curves.png",
-            "checkpoint": "checkpoint",
-        }
-        summary = {
-            "config": config.to_dict(),
-            "config_file": config.source,
-            "versions": versions(),
-            "loss_shape": [
-                "optimizer",
-                "architecture",
-                "init_scale",
-                "learning_rate",
-                "seed",
-                "step",
-            ],
-            "steps": steps,
-            "chunks": counts,
-            "checkpoint_warnings": notes,
-            "diverged": {
-                "criterion": "a recorded loss not finite or above "
-                f"{DIVERGENCE_FACTOR:g} x the loss at step 0",
-                "count": len(diverged),
-                "runs": diverged,
-            },
-            "runs": runs,
-            "predicted_switch_on": {
-                f"{grid['optimizer'][i]}-{grid['architecture'][j]}": {
-                    "engine": why,
-                    "seed": grid["seed"][0],
-                    "times": t,  # [init_scale][learning_rate][mode], in steps
-                }
-                for (i, j), (t, why) in theory.items()
-            },
-            "files": files,
-        }
-
-        out.mkdir(parents=True, exist_ok=True)
-        arrays = {
-            "loss": loss,
-            "steps": steps,
-            "optimizer": np.asarray(grid["optimizer"]),
-            "architecture": np.asarray(grid["architecture"]),
-            **{name: a for name, a in axes.items()},
-        }
-        write_figure(
-            out / files["figure"],
-            plots.plot_sweep(steps, loss, grid, switch_on=switch_on),
-        )
-        write_json(out / files["summary"], summary)
-        # a safe point: the block may be nested in a caller's (the CLI's), whose
-        # exit, not this one's, raises; an interrupt that came stops here, before
-        # results.npz, which is written last: it exists only when all is done
-        if interrupted():
-            raise KeyboardInterrupt
-        atomic_write(os.fspath(out / files["results"]), lambda f: np.savez(f, **arrays))
-    summary["files"] = {k: out / v for k, v in files.items()}
-    return summary
+        switch_on = _switch_on_array(loss.shape[:4], theory)
+        summary = _summary(config, steps, loss, counts, notes, theory)
+        _write(out, grid, axes, steps, loss, switch_on, summary, interrupted)
+        files = summary["files"]
+    return SweepOutput(
+        config=config,
+        steps=steps,
+        loss=loss,
+        step_diverged=_diverged_at(steps, loss),
+        predicted_switch_on=switch_on,
+        n_chunks=counts["total"],
+        n_computed=counts["computed"],
+        n_loaded=counts["loaded"],
+        damaged=tuple(counts["damaged"]),
+        checkpoint_warnings=tuple(notes),
+        files={k: out / v for k, v in files.items()},
+    )
