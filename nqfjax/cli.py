@@ -119,7 +119,7 @@ forecast)."""
 
 def _parser() -> argparse.ArgumentParser:
     # One declaration per option, read top to bottom like the `--help` it makes;
-    # kept whole so that the whole command line is in one place.
+    # one function per command.
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="nqfjax", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
@@ -129,6 +129,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    _add_demo_parser(sub)
+    _add_sweep_parser(sub)
+    _add_fit_parser(sub)
+    _add_predict_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
     demo = sub.add_parser(
         "demo",
         help="the headline experiment: figures and a report",
@@ -145,14 +154,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--quick",
         action="store_true",
-        help="a smaller problem with the same four figures and five checks: two "
-        "modes instead of three, 100 records instead of 400, three init scales, "
-        "1000 power-law modes in closed form, and no M-space flow (the full demo "
-        "draws it); measured on an idle two-core machine: 13 s (14 s of CPU) with "
-        "a warm compilation cache, 26-29 s (34-37 s of CPU) cold; importing, "
-        "tracing and compiling dominate either",
+        help="a smaller problem with the same four figures and five checks (two "
+        "modes, 100 records, three init scales, 1000 power-law modes in closed "
+        "form, no M-space flow): 13 s measured on two idle cores, warm cache",
     )
 
+
+def _add_sweep_parser(sub) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
     sweep = sub.add_parser(
         "sweep",
         help="train over a grid of hyperparameters (TOML config), resumable",
@@ -173,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
         "--quiet", action="store_true", help="no progress bars or group lines"
     )
 
+
+def _add_fit_parser(sub) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
     fit = sub.add_parser(
         "fit",
         help="analyse a loss curve (CSV): plateaus, power law, spectrum",
@@ -234,8 +246,6 @@ def _parser() -> argparse.ArgumentParser:
         help="skip the spectrum fit (plateaus and power law only)",
     )
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_predict_parser(sub)
-    return parser
 
 
 #: Set to a non-empty value to keep `nqfjax demo` from using the persistent cache.
@@ -243,10 +253,9 @@ NO_CACHE_ENV = "NQFJAX_NO_COMPILATION_CACHE"
 
 
 def compilation_cache_dir(environ=os.environ) -> Path | None:
-    """Where `nqfjax demo` keeps JAX's persistent compilation cache:
-    `$XDG_CACHE_HOME/nqfjax/jax` (`~/.cache/nqfjax/jax` by default); `None` when
-    `NQFJAX_NO_COMPILATION_CACHE` is set, or when JAX already has a cache folder
-    (`JAX_COMPILATION_CACHE_DIR` or `jax.config`: the user's choice wins)."""
+    """Where `nqfjax demo` keeps JAX's compilation cache: `$XDG_CACHE_HOME/nqfjax/jax`
+    (default `~/.cache/nqfjax/jax`); `None` when `NQFJAX_NO_COMPILATION_CACHE` is
+    set or JAX already has a cache folder (the user's choice wins)."""
     if environ.get(NO_CACHE_ENV) or jax.config.jax_compilation_cache_dir:
         return None
     base = environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -254,11 +263,8 @@ def compilation_cache_dir(environ=os.environ) -> Path | None:
 
 
 def _enable_compilation_cache() -> None:
-    # Most of a first `demo --quick` is compiling; cached programs are read back
-    # on the next run (measured: README). Programs holding a runtime check
-    # (`eqx.error_if`, a host callback: diffrax's solves, the vmapped sweep) are
-    # never cached by JAX and are compiled every time. Every program is cached,
-    # however quick to compile: the demo's ~200 small ones add up.
+    # Most of a first `demo --quick` is compiling (README); every program is
+    # cached, however quick to compile: the demo's ~200 small ones add up.
     path = compilation_cache_dir()
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", os.fspath(path))
@@ -268,9 +274,7 @@ def _enable_compilation_cache() -> None:
 def _demo(args) -> None:
     check_output_dir(args.out, "--out")
     _enable_compilation_cache()
-    # the ~400k objects that importing jax and the libraries leaves live never
-    # become garbage: keeping them out of the collector's full passes saves
-    # ~0.4 s of a quick run (measured)
+    # the ~400k objects importing jax leaves live: ~0.4 s of a quick run saved
     gc.freeze()
     result = experiments.run_demo(args.out, quick=args.quick, progress=True)
     print("nqfjax demo: prediction vs measurement")
@@ -291,8 +295,7 @@ def _demo(args) -> None:
 
 
 def _sweep(args) -> None:
-    # validated before anything is written
-    config = experiments.load_sweep_config(args.config)
+    config = experiments.load_sweep_config(args.config)  # before anything is written
     out = args.out or Path("nqfjax-out") / f"sweep-{args.config.stem}"
     check_output_dir(out, "--out")
     # SIGINT only at chunk boundaries: KeyboardInterrupt -> exit 130, see `main`

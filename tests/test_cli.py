@@ -566,7 +566,8 @@ def test_demo_config_solvers_and_their_deprecated_booleans():
         pb = demo._problem(quick)
         m0 = np.full(len(pb.lv.r), 1e-6)
         ts = jnp.linspace(0.0, quick.steps, 50)
-        curves = [demo._lv_loss(cfg, pb.lv, m0, ts) for cfg in (old, new, quick)]
+        lr = quick.learning_rate
+        curves = [demo._lv_loss(c, pb.lv, m0, ts, lr) for c in (old, new, quick)]
     np.testing.assert_array_equal(curves[0], curves[1])
     np.testing.assert_allclose(curves[1], curves[2], rtol=1e-3)
 

@@ -204,3 +204,34 @@ def test_private_cross_module_imports_are_few():
         if name.startswith("_") and not name.startswith("__")
     ]
     assert len(private) <= MAX_PRIVATE_IMPORTS, "\n".join(private)
+
+
+#: Sizes a reader can hold in mind: no module above `MAX_MODULE_LINES` lines, no
+#: function above `MAX_FUNCTION_LINES` lines of code (its docstring, which for a
+#: public entry point states the equation, the defaults and what it raises, is
+#: not counted).
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 100
+
+
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        if isinstance(first.value.value, str):
+            lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_modules_and_functions_are_short():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(ROOT)
+        if text.count("\n") > MAX_MODULE_LINES:
+            long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if _code_lines(node) > MAX_FUNCTION_LINES:
+                    long.append(f"{name}:{node.lineno} {node.name}: {_code_lines(node)}")
+    assert not long, "\n".join(long)
