@@ -212,7 +212,7 @@ def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
     replacement, and give the numbers of the controller they stand for (the
     same steps, bit for bit); `atol` alone keeps `rtol = atol / |log floor|`."""
     lv, m0, sol, _, _ = structured
-    match = r"stepsize_controller=diffrax.PIDController\(rtol=..., atol=...\)"
+    match = r"stepsize_controller=nqfjax.lv_stepsize_controller\(atol=..., rtol=...\)"
     with pytest.warns(DeprecationWarning, match=match):
         old = solve_lv_batch(lv, m0, TS, atol=ATOL)
     np.testing.assert_array_equal(old.ys, sol.ys)
@@ -223,6 +223,13 @@ def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
     np.testing.assert_array_equal(old.ys, new.ys)
     with pytest.raises(ValueError, match="not also as `rtol`/`atol`"):
         solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), atol=ATOL)
+    # the default is `lv_stepsize_controller(dtype=...)`, whose max norm a
+    # plain PIDController's default norm is read as
+    default = solve_lv_batch(lv, m0, TS_GRAD)
+    control = nqfjax.lv_stepsize_controller(dtype=jnp.float64)
+    for pid in (control, _pid(None)):
+        same = solve_lv_batch(lv, m0, TS_GRAD, stepsize_controller=pid)
+        np.testing.assert_array_equal(same.ys, default.ys)
 
 
 def test_controller_steps_as_diffrax_s():
@@ -329,6 +336,49 @@ def test_bad_inputs_are_named(structured, batched_dense):
         solve_lv_batch(lv, m0, TS, max_steps=0)
     with pytest.raises(ValueError, match="chunk_size"):
         solve_lv_batch(lv, m0, TS, chunk_size=0)
+    with pytest.raises(ValueError, match="`learning_rate` must be > 0"):
+        solve_lv_batch(lv, m0, TS, 0.0)
+    with pytest.raises(ValueError, match="`learning_rate` must be a scalar"):
+        solve_lv_batch(lv, m0, TS, jnp.ones(4))
+    with pytest.raises(
+        ValueError, match="`learning_rate` must be a constant.*solve_lv"
+    ):
+        solve_lv_batch(lv, m0, TS, lambda step: 0.1)
+    with pytest.raises(ValueError, match="`weight_decay`"):
+        solve_lv_batch(lv, m0, TS, 1.0, -0.1)
+    with pytest.raises(ValueError, match=r"`weight_decay` must be a scalar or have"):
+        solve_lv_batch(lv, m0, TS, 1.0, jnp.ones(3))
+
+
+ETA, LAM = 0.3, 0.01
+
+
+def test_learning_rate_and_weight_decay_are_solve_lv_s(structured):
+    """`learning_rate` and `weight_decay` as in `solve_lv`: member by member its
+    numbers at `eta = 0.3`, `lambda = 0.01` (the same steps; to rounding,
+    1e-10, as at unit rate), and exactly those of the unit-rate solve at the
+    flow times `eta ts` with `2 lambda` added to the decay; `Solution.ts` are
+    the steps. A weight decay per member is each member's own."""
+    lv, m0, _, _, _ = structured
+    ts, pid = jnp.asarray(TS_GRAD), _pid(ATOL)
+    sol = solve_lv_batch(lv, m0, ts, ETA, LAM, stepsize_controller=pid)
+    control = nqfjax.lv_stepsize_controller(ATOL, dtype=jnp.float64)
+    alone = jax.vmap(
+        lambda m: solve_lv(lv, m, ts, ETA, LAM, stepsize_controller=control)
+    )(jnp.asarray(m0))
+    np.testing.assert_array_equal(sol.stats["num_steps"], alone.stats["num_steps"])
+    assert _rel(sol.ys, alone.ys) < 1e-10
+    np.testing.assert_allclose(sol.loss, alone.loss, rtol=1e-10)
+    np.testing.assert_array_equal(sol.ts, jnp.broadcast_to(ts, sol.ts.shape))
+    decayed = eqx.tree_at(lambda lv: lv.decay, lv, lv.decay + 2 * LAM)
+    flow = solve_lv_batch(decayed, m0, ETA * ts, stepsize_controller=pid)
+    np.testing.assert_array_equal(sol.ys, flow.ys)
+    np.testing.assert_array_equal(sol.loss, flow.loss)
+    lams = jnp.asarray([0.0, LAM, 0.1, 0.3])
+    per = solve_lv_batch(lv, m0, ts, ETA, lams, stepsize_controller=pid)
+    for i, lam in enumerate(np.asarray(lams)):
+        one = solve_lv_batch(lv, m0[i : i + 1], ts, ETA, lam, stepsize_controller=pid)
+        np.testing.assert_allclose(per.ys[i], one.ys[0], rtol=1e-9)
 
 
 @pytest.mark.parametrize("q", [0, 1, 3])
@@ -427,6 +477,38 @@ def test_gradient_against_finite_differences():
         assert abs(float(ad - fd)) <= 1e-5 * abs(float(fd)), (float(ad), float(fd))
 
 
+def test_gradient_in_learning_rate_and_weight_decay():
+    """`jax.grad` with respect to `learning_rate` and `weight_decay` (one per
+    member; a scalar one: `test_gradient_equals_solve_lv_at_the_last_time`)
+    against central differences, float64 at atol 1e-9 on
+    `log m`, from a start `t0 > 0` (the derivative in `eta` is `(t - t0) f(y)`
+    at the outputs, that of the exact solution; it differs from the numerical
+    solution's by atol-level amounts: 1e-5 relative, as for the system)."""
+    params, weights = _grad_problem()
+    ts = jnp.asarray(TS_GRAD[1:])
+
+    def loss(eta, lam):
+        r, d, U, log_m0 = params
+        lv = LotkaVolterra(r, B_diag=d, B_factor=U)
+        pid = _pid(1e-9, 0.0)
+        sol = solve_lv_batch(
+            lv, jnp.exp(log_m0), ts, eta, lam, t0=0.1, stepsize_controller=pid
+        )
+        return jnp.sum(weights[:, 1:] * jnp.log(sol.ys)) + jnp.sum(sol.loss) / 10
+
+    f = jax.jit(loss)
+    for lam in (jnp.asarray([LAM, 0.02, 0.05]),):
+        g_eta, g_lam = jax.jit(jax.grad(loss, argnums=(0, 1)))(ETA, lam)
+        assert g_lam.shape == lam.shape
+        eps = 1e-5
+        fd = (f(ETA + eps, lam) - f(ETA - eps, lam)) / (2 * eps)
+        assert abs(float(g_eta - fd)) <= 1e-5 * abs(float(fd)), (g_eta, fd)
+        v = jnp.ones_like(lam)
+        fd = (f(ETA, lam + eps * v) - f(ETA, lam - eps * v)) / (2 * eps)
+        ad = jnp.sum(g_lam * v)
+        assert abs(float(ad - fd)) <= 1e-5 * abs(float(fd)), (ad, fd)
+
+
 def test_gradient_refuses_the_times_and_tolerances():
     """The steps are held fixed, so a derivative through `ts`, `atol` or `dt0`
     is refused at trace time, naming the argument."""
@@ -463,7 +545,8 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     """At the last output time (which ends a step, so the dense output plays no
     part) the discrete adjoint agrees with the derivative that diffrax's
     `RecursiveCheckpointAdjoint` takes through `vmap(solve_lv)` (the same steps),
-    for the whole system and `m0`, to the accuracy of the solve: diffrax also
+    for the whole system, `m0`, the learning rate and the weight decay (at
+    `ETA`, `LAM`), to the accuracy of the solve: diffrax also
     differentiates its choice of the steps, an atol-level difference (measured
     1.5e-6 relative with `m0` down to 1e-30, where `d log m / d m0` is 1e18;
     1e-5). Also checks that the `vmap`ped `solve_lv` gradient is finite: a
@@ -473,24 +556,25 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     ts = jnp.asarray(TS)
     w = jnp.asarray(np.random.default_rng(4).normal(size=(len(m0), P)))
 
-    def batch(lv, m0):
-        sol = solve_lv_batch(lv, m0, ts, stepsize_controller=_pid(ATOL))
+    def batch(lv, m0, eta, lam):
+        pid = _pid(ATOL)
+        sol = solve_lv_batch(lv, m0, ts, eta, lam, stepsize_controller=pid)
         return jnp.sum(w * jnp.log(sol.ys[:, -1])) + jnp.sum(sol.loss[:, -1])
 
     in_axes = 0 if system == "batched_dense" else None
 
-    def alone(lv, m0):
+    def alone(lv, m0, eta, lam):
         def one(lv, m):
             control = nqfjax.lv_stepsize_controller(ATOL, dtype=m.dtype)
-            sol = solve_lv(lv, m, ts, stepsize_controller=control)
+            sol = solve_lv(lv, m, ts, eta, lam, stepsize_controller=control)
             return jnp.log(sol.ys[-1]), sol.loss[-1]
 
         logs, losses = jax.vmap(one, in_axes=(in_axes, 0))(lv, m0)
         return jnp.sum(w * logs) + jnp.sum(losses)
 
-    m0 = jnp.asarray(m0)
-    got = jax.jit(jax.grad(batch, argnums=(0, 1)))(lv, m0)
-    want = jax.jit(jax.grad(alone, argnums=(0, 1)))(lv, m0)
+    args = (lv, jnp.asarray(m0), jnp.asarray(ETA), jnp.asarray(LAM))
+    got = jax.jit(jax.grad(batch, argnums=(0, 1, 2, 3)))(*args)
+    want = jax.jit(jax.grad(alone, argnums=(0, 1, 2, 3)))(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert bool(jnp.all(jnp.isfinite(b)))
         scale = float(jnp.max(jnp.abs(b)))
