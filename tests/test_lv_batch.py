@@ -212,7 +212,7 @@ def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
     replacement, and give the numbers of the controller they stand for (the
     same steps, bit for bit); `atol` alone keeps `rtol = atol / |log floor|`."""
     lv, m0, sol, _, _ = structured
-    match = r"stepsize_controller=diffrax.PIDController\(rtol=..., atol=...\)"
+    match = r"stepsize_controller=nqfjax.lv_stepsize_controller\(atol=..., rtol=...\)"
     with pytest.warns(DeprecationWarning, match=match):
         old = solve_lv_batch(lv, m0, TS, atol=ATOL)
     np.testing.assert_array_equal(old.ys, sol.ys)
@@ -223,6 +223,13 @@ def test_deprecated_tolerances_warn_and_give_the_same_solve(structured):
     np.testing.assert_array_equal(old.ys, new.ys)
     with pytest.raises(ValueError, match="not also as `rtol`/`atol`"):
         solve_lv_batch(lv, m0, TS, stepsize_controller=_pid(ATOL), atol=ATOL)
+    # the default is `lv_stepsize_controller(dtype=...)`, whose max norm a
+    # plain PIDController's default norm is read as
+    default = solve_lv_batch(lv, m0, TS_GRAD)
+    control = nqfjax.lv_stepsize_controller(dtype=jnp.float64)
+    for pid in (control, _pid(None)):
+        same = solve_lv_batch(lv, m0, TS_GRAD, stepsize_controller=pid)
+        np.testing.assert_array_equal(same.ys, default.ys)
 
 
 def test_controller_steps_as_diffrax_s():
@@ -329,6 +336,58 @@ def test_bad_inputs_are_named(structured, batched_dense):
         solve_lv_batch(lv, m0, TS, max_steps=0)
     with pytest.raises(ValueError, match="chunk_size"):
         solve_lv_batch(lv, m0, TS, chunk_size=0)
+    with pytest.raises(ValueError, match="`learning_rate` must be > 0"):
+        solve_lv_batch(lv, m0, TS, 0.0)
+    with pytest.raises(ValueError, match="`learning_rate` must be a scalar"):
+        solve_lv_batch(lv, m0, TS, jnp.ones(4))
+    with pytest.raises(
+        ValueError, match="`learning_rate` must be a constant.*solve_lv"
+    ):
+        solve_lv_batch(lv, m0, TS, lambda step: 0.1)
+    with pytest.raises(ValueError, match="`weight_decay`"):
+        solve_lv_batch(lv, m0, TS, 1.0, -0.1)
+    with pytest.raises(ValueError, match=r"`weight_decay` must be a scalar or have"):
+        solve_lv_batch(lv, m0, TS, 1.0, jnp.ones(3))
+
+
+ETA, LAM = 0.3, 0.01
+
+
+def test_learning_rate_and_weight_decay_are_the_flow_times_and_decay(structured):
+    """At `learning_rate` eta and `weight_decay` lambda the numbers are exactly
+    those of the unit-rate solve at the flow times `eta ts` with `2 lambda`
+    added to the decay, and `Solution.ts` are the steps; a weight decay per
+    member is each member's decay."""
+    lv, m0, _, _, _ = structured
+    ts, pid = jnp.asarray(TS_GRAD), _pid(ATOL)
+    sol = solve_lv_batch(lv, m0, ts, ETA, LAM, stepsize_controller=pid)
+    np.testing.assert_array_equal(sol.ts, jnp.broadcast_to(ts, sol.ts.shape))
+    decayed = eqx.tree_at(lambda lv: lv.decay, lv, lv.decay + 2 * LAM)
+    flow = solve_lv_batch(decayed, m0, ETA * ts, stepsize_controller=pid)
+    np.testing.assert_array_equal(sol.ys, flow.ys)
+    np.testing.assert_array_equal(sol.loss, flow.loss)
+    lams = jnp.asarray([0.0, LAM, 0.1, 0.3])
+    per = solve_lv_batch(lv, m0, ts, ETA, lams, stepsize_controller=pid)
+    decayed = eqx.tree_at(lambda lv: lv.decay, lv, lv.decay + 2 * lams)
+    flow = solve_lv_batch(decayed, m0, ETA * ts, stepsize_controller=pid)
+    np.testing.assert_array_equal(per.ys, flow.ys)
+    np.testing.assert_allclose(per.ys[1], sol.ys[1], rtol=1e-9)
+
+
+@pytest.mark.slow  # 20 s; the fast test above checks the flow times exactly
+def test_learning_rate_and_weight_decay_are_solve_lv_s(structured):
+    """Member by member `solve_lv(lv, m0, ts, 0.3, 0.01)`'s numbers: the same
+    steps, and equal to rounding (1e-10, as at unit rate)."""
+    lv, m0, _, _, _ = structured
+    ts = jnp.asarray(TS_GRAD)
+    sol = solve_lv_batch(lv, m0, ts, ETA, LAM, stepsize_controller=_pid(ATOL))
+    control = nqfjax.lv_stepsize_controller(ATOL, dtype=jnp.float64)
+    alone = jax.vmap(
+        lambda m: solve_lv(lv, m, ts, ETA, LAM, stepsize_controller=control)
+    )(jnp.asarray(m0))
+    np.testing.assert_array_equal(sol.stats["num_steps"], alone.stats["num_steps"])
+    assert _rel(sol.ys, alone.ys) < 1e-10
+    np.testing.assert_allclose(sol.loss, alone.loss, rtol=1e-10)
 
 
 @pytest.mark.parametrize("q", [0, 1, 3])
@@ -395,11 +454,13 @@ def _grad_problem(n=3, seed=2):
 
 def _grad_loss(params, weights, atol, dtype=jnp.float64, **kw):
     """A weighted sum of `log m` at every output (outputs inside steps: the
-    dense output) and of the loss: `(value, solution)`."""
-    r, d, U, log_m0 = (x.astype(dtype) for x in params)
+    dense output) and of the loss: `(value, solution)`. `params`: `(r, d, U,
+    log m0)`, and optionally the learning rate and the weight decay."""
+    r, d, U, log_m0, *clock = (x.astype(dtype) for x in params)
     lv = LotkaVolterra(r, B_diag=d, B_factor=U)
+    pid = _pid(atol, 0.0, dtype)
     sol = solve_lv_batch(
-        lv, jnp.exp(log_m0), TS_GRAD, stepsize_controller=_pid(atol, 0.0, dtype), **kw
+        lv, jnp.exp(log_m0), TS_GRAD, *clock, stepsize_controller=pid, **kw
     )
     value = jnp.sum(weights * jnp.log(sol.ys)) + jnp.sum(sol.loss) / 10
     return value, sol
@@ -408,14 +469,21 @@ def _grad_loss(params, weights, atol, dtype=jnp.float64, **kw):
 def test_gradient_against_finite_differences():
     """`jax.grad` through `solve_lv_batch` (the discrete adjoint: the accepted
     steps held fixed) against central differences along three random directions
-    of `(r, d, U, log m0)`, float64 at atol 1e-9 on `log m`. Both differentiate
-    the same solution up to the solver's error: a perturbation of 1e-5 moves the
-    steps, which changes the value by atol-level amounts, up to ~1e-5 relative in
-    the quotient (measured 1.5e-8 to 1.5e-7); 1e-5 leaves that margin yet fails a
-    missing stage, output or field term (order one)."""
+    of `(r, d, U, log m0)`, the learning rate and the weight decay (one per
+    member), from `t0 = 0.05`, float64 at atol 1e-9 on `log m`. (The
+    derivative in the learning rate is `(t - t0) f(y)` at the outputs, the
+    exact solution's, which differs from the numerical one's at atol level.)
+    Both differentiate the same solution up to the solver's error: a
+    perturbation of 1e-5 moves the steps, which changes the value by
+    atol-level amounts, up to ~1e-5 relative in the quotient (measured 1.5e-8
+    to 1.5e-7); 1e-5 leaves that margin yet fails a missing stage, output or
+    field term (order one)."""
     params, weights = _grad_problem()
-    loss = jax.jit(lambda p: _grad_loss(p, weights, 1e-9)[0])
-    grads = jax.jit(jax.grad(lambda p: _grad_loss(p, weights, 1e-9)[0]))(params)
+    params += (jnp.asarray(ETA), jnp.asarray([LAM, 0.02, 0.05]))
+    loss = jax.jit(lambda p: _grad_loss(p, weights, 1e-9, t0=0.05)[0])
+    grads = jax.jit(jax.grad(lambda p: _grad_loss(p, weights, 1e-9, t0=0.05)[0]))(
+        params
+    )
     rng = np.random.default_rng(3)
     eps = 1e-5
     for _ in range(3):
@@ -463,7 +531,8 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     """At the last output time (which ends a step, so the dense output plays no
     part) the discrete adjoint agrees with the derivative that diffrax's
     `RecursiveCheckpointAdjoint` takes through `vmap(solve_lv)` (the same steps),
-    for the whole system and `m0`, to the accuracy of the solve: diffrax also
+    for the whole system, `m0`, the learning rate and the weight decay (at
+    `ETA`, `LAM`), to the accuracy of the solve: diffrax also
     differentiates its choice of the steps, an atol-level difference (measured
     1.5e-6 relative with `m0` down to 1e-30, where `d log m / d m0` is 1e18;
     1e-5). Also checks that the `vmap`ped `solve_lv` gradient is finite: a
@@ -473,24 +542,25 @@ def test_gradient_equals_solve_lv_at_the_last_time(system, request):
     ts = jnp.asarray(TS)
     w = jnp.asarray(np.random.default_rng(4).normal(size=(len(m0), P)))
 
-    def batch(lv, m0):
-        sol = solve_lv_batch(lv, m0, ts, stepsize_controller=_pid(ATOL))
+    def batch(lv, m0, eta, lam):
+        pid = _pid(ATOL)
+        sol = solve_lv_batch(lv, m0, ts, eta, lam, stepsize_controller=pid)
         return jnp.sum(w * jnp.log(sol.ys[:, -1])) + jnp.sum(sol.loss[:, -1])
 
     in_axes = 0 if system == "batched_dense" else None
 
-    def alone(lv, m0):
+    def alone(lv, m0, eta, lam):
         def one(lv, m):
             control = nqfjax.lv_stepsize_controller(ATOL, dtype=m.dtype)
-            sol = solve_lv(lv, m, ts, stepsize_controller=control)
+            sol = solve_lv(lv, m, ts, eta, lam, stepsize_controller=control)
             return jnp.log(sol.ys[-1]), sol.loss[-1]
 
         logs, losses = jax.vmap(one, in_axes=(in_axes, 0))(lv, m0)
         return jnp.sum(w * logs) + jnp.sum(losses)
 
-    m0 = jnp.asarray(m0)
-    got = jax.jit(jax.grad(batch, argnums=(0, 1)))(lv, m0)
-    want = jax.jit(jax.grad(alone, argnums=(0, 1)))(lv, m0)
+    args = (lv, jnp.asarray(m0), jnp.asarray(ETA), jnp.asarray(LAM))
+    got = jax.jit(jax.grad(batch, argnums=(0, 1, 2, 3)))(*args)
+    want = jax.jit(jax.grad(alone, argnums=(0, 1, 2, 3)))(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert bool(jnp.all(jnp.isfinite(b)))
         scale = float(jnp.max(jnp.abs(b)))

@@ -215,8 +215,8 @@ def _tol(dtype):
 
 
 def _tol_batch(dtype):
-    # solve_lv_batch's own keywords (engines/lv_batch.py has its own convention)
-    return dict(rtol=1e-10, atol=1e-10) if dtype == "float64" else {}
+    # the same controller as `_tol`'s (solve_lv_batch takes solve_lv's)
+    return _tol(dtype)
 
 
 def _tol_mflow(dtype):
@@ -239,9 +239,7 @@ def _solve_lv_batch(dtype):
     lv, ts = _lv_system(dtype), _arr(_TS, dtype)
 
     def fn(m0):
-        tol = _tol_batch(dtype)
-        pid = diffrax.PIDController(**tol) if tol else None
-        return nqfjax.solve_lv_batch(lv, m0, ts, stepsize_controller=pid).loss
+        return nqfjax.solve_lv_batch(lv, m0, ts, **_tol_batch(dtype)).loss
 
     m0 = _arr([[1e-2, 2e-2, 3e-2], [3e-2, 2e-2, 1e-2]], dtype)
     return fn, m0, 0.5 * m0

@@ -104,13 +104,12 @@ def _problem(cfg: DemoConfig) -> _Problem:
 
 def _lv_loss(cfg: DemoConfig, lv, m0, ts, learning_rate) -> np.ndarray:
     """The loss at the steps `ts` of `learning_rate`: `solve_lv_batch` (a batch
-    of one, at the flow times) for the default solver, else `solve_lv` with
-    `cfg.lv_solver`."""
+    of one) for the default solver, else `solve_lv` with `cfg.lv_solver`."""
     if cfg.lv_solver is not None:
         sol = solve_lv(lv, m0, ts, learning_rate, solver=cfg.lv_solver)
         return np.asarray(sol.loss)
-    s = learning_rate * jnp.asarray(ts)
-    return np.asarray(solve_lv_batch(lv, jnp.asarray(m0)[None], s).loss[0])
+    sol = solve_lv_batch(lv, jnp.asarray(m0)[None], ts, learning_rate)
+    return np.asarray(sol.loss[0])
 
 
 class _Engines(NamedTuple):
