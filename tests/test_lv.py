@@ -650,6 +650,7 @@ def test_learning_rate_and_weight_decay_have_one_home():
         nqfjax.lv_reduce(quad, learning_rate=0.1, eta=0.1)
 
 
+@pytest.mark.slow  # ~25 s: it compiles the solve twice, old spelling and new
 def test_deprecated_tolerances_same_numbers():
     """`rtol`/`atol` (deprecated) warn naming the controller to pass and give
     exactly the numbers of `lv_stepsize_controller` (a missing `rtol` is

@@ -312,6 +312,7 @@ def test_mflow_eta_keyword_deprecated():
     )
 
 
+@pytest.mark.slow  # ~25 s: it compiles the solve twice, old spelling and new
 def test_deprecated_tolerances_same_numbers():
     """`rtol`/`atol` (deprecated) warn naming `diffrax.PIDController` and give
     exactly the numbers of that controller (a missing one at its default); the
