@@ -232,19 +232,6 @@ class AbstractStructure(eqx.Module):
         return self.sample_size()
 
 
-def __getattr__(name: str):
-    # `Structure`: the name nqfjax used before `AbstractStructure`, for one release.
-    if name == "Structure":
-        warnings.warn(
-            "`Structure` is deprecated and will be removed in the next release; "
-            "use `AbstractStructure`.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return AbstractStructure
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --------------------------------------------------------------------------------
 # Converters of the built-in structures' static fields (`eqx.field(converter=...)`)
 
