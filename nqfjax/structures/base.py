@@ -98,7 +98,8 @@ class AbstractStructure(eqx.Module):
     `task_from_samples`, `train` -- check their data once; these run in loops).
 
     **Hooks with defaults** (override for speed; an override must equal the
-    default up to round-off): `contract(xs, X)`, `weighted_sum(xs, c)`,
+    default up to round-off): `contract(xs, X)`, `weighted_sum(xs, c)`, their
+    factored forms `contract_factor(xs, W)` and `weighted_apply(xs, c, W)`,
     `sample_size()`, and `max_units`.
     """
 
@@ -197,6 +198,44 @@ class AbstractStructure(eqx.Module):
         """
         A = jax.vmap(self.A)(xs).astype(c.dtype)
         return jnp.einsum("bk,bkij->ij", c, A)
+
+    def contract_factor(self, xs, W: Float[Array, "p r"]) -> Float[Array, "b k"]:
+        r"""$\mathrm{Tr}[A_j(x_s) W W^\top]$ for a batch of inputs and a factor
+        `W`: `contract(xs, W @ W.T)` without the `(p, p)` product, the quadratic
+        model at $M = W W^\top$ and the inner step of the factored flow
+        $K[W W^\top] W$.
+
+        The default forms `W @ W.T` and calls `contract` (`O(p^2 r)`); a
+        structure with closed-form hooks overrides it in `O(b k p r)` or less.
+
+        **Arguments:**
+
+        - `xs`: inputs, shape `(b, *input_shape)`.
+        - `W`: shape `(p, r)`.
+
+        **Returns:** shape `(b, k)`, in the dtype of `W`.
+        """
+        return self.contract(xs, W @ W.T)
+
+    def weighted_apply(
+        self, xs, c: Float[Array, "b k"], W: Float[Array, "p r"]
+    ) -> Float[Array, "p r"]:
+        r"""$\sum_s \sum_j c_{sj} A_j(x_s) W$ for a batch of inputs: the outer
+        step of the factored flow, `weighted_sum(xs, c) @ W` without the `(p, p)`
+        sum.
+
+        The default is `weighted_sum(xs, c) @ W` (`O(p^2 r)`); a structure with
+        closed-form hooks overrides it in `O(b k p r)` or less.
+
+        **Arguments:**
+
+        - `xs`: inputs, shape `(b, *input_shape)`.
+        - `c`: weights, shape `(b, k)`.
+        - `W`: shape `(p, r)`.
+
+        **Returns:** shape `(p, r)`, in the dtype of `W`.
+        """
+        return self.weighted_sum(xs, c.astype(W.dtype)) @ W
 
     def sample_size(self) -> int:
         """How many numbers `contract` and `weighted_sum` hold per sample: sets
