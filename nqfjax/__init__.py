@@ -102,6 +102,10 @@ from .experiments.schedules import (
     standard_schedules as standard_schedules,
     train_schedule as train_schedule,
 )
+from .experiments.switch_ons import (
+    SwitchOns as SwitchOns,
+    switch_ons as switch_ons,
+)
 from .progress import (
     AbstractProgressMeter as AbstractProgressMeter,
     NoProgressMeter as NoProgressMeter,

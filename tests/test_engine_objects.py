@@ -215,12 +215,15 @@ def test_predict_reads_an_engines_curves(whitened):
         engine=_Logistic(),
         **{k: v for k, v in COMMON.items() if k != "num_records"},
     )
-    # the logistic's half-way times, up to the log-linear interpolation of
-    # records every 0.5 steps
-    np.testing.assert_allclose(pred.switch_times, [100.0, 300.0], rtol=1e-4)
-    np.testing.assert_allclose(pred.switch_levels, [1.0, 0.5])
+    # the threshold is half the smaller value, 0.5: the larger mode crosses it
+    # before its half-way time, at 100 - 10 ln 3, the smaller one at 300 (up to
+    # the log-linear interpolation of records every 0.5 steps)
+    np.testing.assert_allclose(
+        pred.switch_times, [100.0 - 10 * np.log(3), 300.0], rtol=1e-4
+    )
+    np.testing.assert_allclose(pred.switch_levels, [0.5, 0.5])
     # the loss at ts[0], at the geometric mean of the switch-ons, at ts[-1]
-    at = np.array([0.0, np.sqrt(100.0 * 300.0), 600.0])[:, None]
+    at = np.array([0.0, np.sqrt((100.0 - 10 * np.log(3)) * 300.0), 600.0])[:, None]
     curves = np.array([2.0, 1.0]) / (1 + np.exp(-(at - [100.0, 300.0]) / 10.0))
     np.testing.assert_allclose(pred.plateaus, 3.0 - curves.sum(1), rtol=1e-5)
     assert (pred.engine, pred.reason) == ("lv", "stand-in")

@@ -1,32 +1,9 @@
-"""Reading the modes of a predicted flow (private): which modes are learned, and
-each one's curve followed through time. Shared by the engines of a prediction
-(`experiments/engines.py`) and `agreement` (`experiments/predict.py`)."""
+"""Reading the modes of a predicted flow (private): which modes are learned.
+Shared by the engines of a prediction (`experiments/engines.py`) and
+`switch_ons` (`experiments/switch_ons.py`)."""
 
 import numpy as np
 from jaxtyping import ArrayLike, Float
-
-
-def track_modes(
-    M: Float[np.ndarray, "T p p"], V: Float[np.ndarray, "p q"]
-) -> Float[np.ndarray, "T q"]:
-    """The eigenvalues of `M(t)` (shape `(T, p, p)`) that continue the
-    eigenvectors `V` (shape `(p, q)`) of the last `M`, followed backwards in time
-    by the largest overlap between consecutive records (each record's
-    eigenvectors assigned greedily, the largest tracked mode first), so that a
-    mode keeps its identity when a later mode overtakes it. Shape `(T, q)`."""
-    lam, U = np.linalg.eigh(0.5 * (M + np.swapaxes(M, 1, 2)))
-    T, q = M.shape[0], V.shape[1]
-    out = np.zeros((T, q))
-    current = V
-    for t in range(T - 1, -1, -1):
-        overlap = (current.T @ U[t]) ** 2  # (q, p)
-        chosen = np.full(q, -1)
-        for j in np.argsort(-out[t + 1] if t + 1 < T else -np.arange(q)):
-            row = np.where(np.isin(np.arange(U.shape[1]), chosen), -1.0, overlap[j])
-            chosen[j] = int(np.argmax(row))
-        out[t] = lam[t, chosen]
-        current = U[t][:, chosen]
-    return out
 
 
 def learned_modes(last: Float[np.ndarray, " p"], M0: Float[ArrayLike, "p p"]) -> int:

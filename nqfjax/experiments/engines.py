@@ -29,7 +29,7 @@ from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
-from ._modes import learned_modes, track_modes
+from ._modes import learned_modes
 
 
 class EngineRun(eqx.Module):
@@ -43,8 +43,10 @@ class EngineRun(eqx.Module):
     - `violation`: the relative violation of commutation (0 for an exact
       reduction measured at roundoff; NaN when not measured).
     - `loss`: the loss at the times, shape `(T,)`.
-    - `mode_curves`: the learned modes' values along the times, shape `(T, q)`.
-    - `modes`: the learned modes, shape `(p, q)`, by decreasing last value.
+    - `mode_curves`: the eigenvalues of `M` by rank along the times (largest
+      first at each time), the first `q`, shape `(T, q)`.
+    - `modes`: the learned modes (eigenvectors of the last `M`), shape `(p, q)`,
+      by decreasing last value.
     - `mode_values`: their last values, shape `(q,)`.
     """
 
@@ -161,19 +163,20 @@ class MFlowEngine(AbstractEngine):
         )
 
     def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
-        """The flow's `M(ts)`; the modes are the eigenvectors of the last `M`,
-        each followed back in time by eigenvector overlap."""
+        """The flow's `M(ts)`; its eigenvalues by rank, and the modes, the
+        eigenvectors of the last `M`."""
         sol = self.solve(task, M0, ts, learning_rate, weight_decay)
         M = np.asarray(sol.ys, np.float64)
-        lam, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
-        vecs, last = vecs[:, ::-1], lam[::-1]
+        curves = np.linalg.eigvalsh(0.5 * (M + np.swapaxes(M, 1, 2)))[:, ::-1]
+        _, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
+        vecs, last = vecs[:, ::-1], curves[-1]
         q = learned_modes(last, M0)
         return EngineRun(
             engine="mflow",
             reason="M-space flow: the M-space flow was asked for",
             violation=float("nan"),
             loss=np.asarray(sol.loss, np.float64),
-            mode_curves=track_modes(M, vecs[:, :q]),
+            mode_curves=curves[:, :q],
             modes=vecs[:, :q],
             mode_values=last[:q],
         )
@@ -201,7 +204,7 @@ def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> En
     return EngineRun(
         **labels,
         loss=np.asarray(sol.loss, np.float64),
-        mode_curves=m[:, order[:q]],
+        mode_curves=-np.sort(-m, axis=1)[:, :q],  # the eigenvalues of M by rank
         modes=vecs[:, :q],
         mode_values=last[:q],
     )

@@ -22,51 +22,56 @@ from .._checks import eager_only, static_int
 from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
-from ._modes import track_modes
-from .compare import switch_times_from_curves
 from .engines import AbstractEngine, AutoEngine, engine_from_word
+from .switch_ons import SwitchOns, rank_switch_ons, switch_ons
 
 
 class Prediction(eqx.Module):
-    r"""What `predict` returns: the predicted loss curve of training, when each
-    mode switches on, the loss on the plateaus and the learned modes.
+    r"""What `predict` returns: the predicted loss curve of training, when its
+    modes switch on, the loss on the plateaus and the learned modes.
 
-    Modes are the eigenvectors of the last $M = W W^\top$; a mode is *learned*
-    when its eigenvalue exceeds $\sqrt{\lambda_{\max}(M_0)\,\lambda_1}$, the
-    geometric middle between the initial scale and the largest learned mode.
-    Its curve is the eigenvalue of $M(t)$ that continues it, followed backwards
-    in time by eigenvector overlap (so that a mode keeps its identity when a
-    later, larger one overtakes it; for the Lotka-Volterra engines, the
-    amplitude $m_k(t)$). It switches on when that curve first reaches half its
-    last value (interpolated log-linearly between records). Choose the horizon
-    so that the modes of interest have settled, and records dense enough to
-    follow them (the default 200 log-spaced steps).
+    Switch-ons are read off the eigenvalues of $M(t) = W W^\top$ *by rank*
+    (`switch_ons`, `SwitchOns`): the `k`-th is the first time `k` eigenvalues
+    are above half the smallest learned value. A trained network is timed the
+    same way at the same threshold (what `agreement` does), so the two numbers
+    measure the same event without following any eigenvector through time. A
+    rank is *learned* when its last value exceeds
+    $\sqrt{\lambda_{\max}(M_0)\,\lambda_{(1)}}$, the geometric middle between
+    the initial scale and the largest learned mode; there are never more than
+    the rank of $M$ (`width`). Choose the horizon so that the modes of interest
+    have settled, and records dense enough to resolve them (the default 200
+    log-spaced steps).
 
     **Attributes:**
 
     - `engine`: the engine used, `"lv"` (exact reduction), `"mflow"` (the
-      M-space flow) or `"approximate_lv"` (the Lotka-Volterra system in the
-      eigenbasis of `C`): what an `AutoEngine` chose.
+      M-space flow), `"factored_mflow"` (its factored form) or
+      `"approximate_lv"` (the Lotka-Volterra system in the eigenbasis of `C`):
+      what an `AutoEngine` chose.
     - `reason`: one line saying why that engine (the measured violation).
     - `violation`: the relative violation of commutation measured by
       `lv_reduce` (0 for an exact reduction; NaN when it was not measured).
     - `ts`: the times (gradient steps), shape `(T,)`.
     - `loss`: the predicted loss at `ts`, shape `(T,)`.
-    - `mode_curves`: the learned modes' eigenvalues along `ts`, shape `(T, q)`.
-    - `switch_times`: the switch-on times of the learned modes, shape `(q,)`
-      (NaN for one that was already on at `ts[0]`).
-    - `switch_levels`: the values they cross then (half their last value),
-      shape `(q,)`: apply them to a measured `M(t)` to time its switch-ons.
+    - `mode_curves`: the learned eigenvalues of `M` by rank along `ts`, shape
+      `(T, q)`.
+    - `switch_ons`: the `SwitchOns` of those curves (the threshold, the times,
+      the groups of near-simultaneous switch-ons and their spreads).
     - `plateaus`: the loss before the first switch-on (at `ts[0]`), between
       consecutive switch-ons (at their geometric mean time) and at the last
-      time, shape `(q + 1,)`, in the order of the switch-on times.
+      time, shape `(q + 1,)`, in time order.
     - `modes`: the learned modes, eigenvectors of the last `M`, shape `(p, q)`.
     - `mode_values`: their eigenvalues, shape `(q,)`.
-    - `M0`: the initial `M = W0 W0^T`, shape `(p, p)`.
+    - `W0`: the initial weights `train` draws with the same key, shape
+      `(p, width)` (`M0 = W0 W0^T` is a property).
     - `growth_rate`: the largest linear growth rate $r = 4\eta\lambda_{\max}(C)$
-      per step. Full-batch GD grows a mode by $(1 + r)$ per step where the flow
-      grows it by $e^r$: its switch-ons lag the flow's by a fraction of about
-      $r/2$.
+      per step. Full-batch GD grows a mode by $(1 + r/2)^2$ per step where the
+      flow grows it by $e^r$: its switch-ons lag the flow's by a fraction of
+      about $r/4$.
+
+    **Properties:** `switch_times` (`switch_ons.times`), shape `(q,)`, in time
+    order (NaN for ranks already on at `ts[0]`); `switch_levels`, the threshold
+    they cross, shape `(q,)`; `M0`.
     """
 
     engine: str = eqx.field(static=True)
@@ -75,13 +80,29 @@ class Prediction(eqx.Module):
     ts: Float[Array, " T"]
     loss: Float[Array, " T"]
     mode_curves: Float[Array, "T q"]
-    switch_times: Float[Array, " q"]
-    switch_levels: Float[Array, " q"]
+    switch_ons: SwitchOns
     plateaus: Float[Array, " q+1"]
     modes: Float[Array, "p q"]
     mode_values: Float[Array, " q"]
-    M0: Float[Array, "p p"]
+    W0: Float[Array, "p m"]
     growth_rate: Float[Array, ""]
+
+    @property
+    def switch_times(self) -> Float[Array, " q"]:
+        """The switch-on times, `switch_ons.times`, shape `(q,)`."""
+        return jnp.asarray(self.switch_ons.times, self.loss.dtype)
+
+    @property
+    def switch_levels(self) -> Float[Array, " q"]:
+        """The level crossed at each of `switch_times` (the threshold), shape
+        `(q,)`."""
+        q = self.switch_ons.times.shape[0]
+        return jnp.full(q, self.switch_ons.threshold, self.loss.dtype)
+
+    @property
+    def M0(self) -> Float[Array, "p p"]:
+        """The initial `M = W0 W0^T`, shape `(p, p)`."""
+        return self.W0 @ self.W0.T
 
 
 class Agreement(eqx.Module):
@@ -89,15 +110,17 @@ class Agreement(eqx.Module):
 
     **Attributes:**
 
-    - `predicted_times`: the predicted switch-on times compared, shape `(c,)`.
-    - `measured_times`: the measured ones (the same thresholds crossed by the
-      measured eigenvalues of `M`), shape `(c,)`; NaN where not measured.
+    - `predicted_times`: the predicted switch-on times compared (the first `c`
+      in time order), shape `(c,)`.
+    - `measured_times`: the measured ones (the measured eigenvalues of `M` by
+      rank crossing the same threshold), shape `(c,)`; NaN where not measured.
     - `time_errors`: `measured / predicted - 1`, shape `(c,)`.
-    - `subspace_overlaps`: for each compared mode, the cosine of the largest
-      principal angle between its (near-degenerate group's) predicted subspace
-      (at its last time) and the measured one (at twice the last compared
-      switch-on, where the modes are matched), shape `(c,)`: near 1 when the
-      run learned the predicted directions (NaN against another prediction).
+    - `subspace_overlaps`: after each compared switch-on `k`, the cosine of the
+      largest principal angle between the top-`k` predicted modes (at the last
+      time; `k` extended to the end of a near-degenerate group) and the top-`k`
+      measured ones (at twice the last compared switch-on), shape `(c,)`: near
+      1 when the run learned the predicted directions (NaN against another
+      prediction).
     - `log_loss_departure`: $\max |\ln L_{\rm measured} - \ln L_{\rm predicted}|$
       over the measured times up to `horizon`.
     - `horizon`: the last time compared: the `c`-th switch-on (or the last
@@ -165,16 +188,6 @@ def _engine(engine, tol, solver, max_steps) -> AbstractEngine:
 
 # --------------------------------------------------------------------------------
 # reading the curves
-
-
-def _switch_times(ts, curves):
-    """When each column of `curves` (`(T, q)`) first reaches half its last value."""
-    if curves.shape[1] == 0:
-        return np.zeros(0)
-    last = curves[-1]
-    return np.asarray(
-        switch_times_from_curves(ts, np.maximum(curves, 1e-300), 0.5, last)
-    )
 
 
 def _plateaus(ts, loss, times):
@@ -308,7 +321,10 @@ def predict(
     eta = float(learning_rate)
     run = engine.run(task, M0, ts, eta, weight_decay)
 
-    times = _switch_times(grid, run.mode_curves)
+    # never more modes than the rank of M = W W^T allows
+    q = min(run.mode_curves.shape[1], width)
+    ons = rank_switch_ons(grid, run.mode_curves[:, :q])
+    times = ons.times
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(
@@ -317,13 +333,12 @@ def predict(
         violation=as_array(run.violation),
         ts=ts,
         loss=as_array(run.loss),
-        mode_curves=as_array(run.mode_curves),
-        switch_times=as_array(times),
-        switch_levels=as_array(0.5 * run.mode_values),
+        mode_curves=as_array(run.mode_curves[:, :q]),
+        switch_ons=ons,
         plateaus=as_array(_plateaus(grid, run.loss, times)),
-        modes=as_array(run.modes),
-        mode_values=as_array(run.mode_values),
-        M0=M0,
+        modes=as_array(run.modes[:, :q]),
+        mode_values=as_array(run.mode_values[:q]),
+        W0=W0,
         growth_rate=as_array(4.0 * eta * max(c_max, 0.0)),
     )
 
@@ -345,50 +360,21 @@ def _degenerate_groups(values, gap):
     return [np.arange(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def _matching_subspaces(M, modes, groups):
-    """For each group of columns of `modes` (shape `(p, q)`), the eigenvectors of
-    `M` that span the closest subspace (largest squared projection on the
-    group's span, chosen without repeats, the groups in order), and the cosine of
-    the largest principal angle between the two subspaces.
-
-    **Returns:** `(U, cosines)`: shape `(p, q)` (the group's columns in place of
-    its modes) and `(q,)` (each mode gets its group's cosine)."""
+def _subspace_cosines(M, modes, groups, c):
+    """For `k = 1 .. c`: the cosine of the largest principal angle between the
+    span of the first `k` columns of `modes` (shape `(p, q)`, by decreasing
+    value) and the top-`k` eigenvectors of `M`, with `k` extended to the end of
+    its near-degenerate group (whose eigenvectors are defined only together).
+    Shape `(c,)`."""
     _, U = np.linalg.eigh(0.5 * (M + M.T))
+    U = U[:, ::-1]
     modes = np.asarray(modes, np.float64)
-    chosen = np.full(modes.shape[1], -1)
-    cosines = np.zeros(modes.shape[1])
-    for group in groups:
-        weight = np.sum((modes[:, group].T @ U) ** 2, axis=0)
-        weight[chosen[chosen >= 0]] = -1.0
-        pick = np.argsort(-weight, kind="stable")[: len(group)]
-        chosen[group] = pick
-        sv = np.linalg.svd(modes[:, group].T @ U[:, pick], compute_uv=False)
-        cosines[group] = min(float(np.min(sv)), 1.0)
-    return U[:, chosen], cosines
-
-
-def _measured_times(t_m, lam, levels, times, groups):
-    """The times at which the measured curves `lam` (`(T, q)`, columns matched to
-    the predicted modes group by group) reach the predicted `levels`. Within a
-    near-degenerate group which measured curve continues which predicted mode is
-    not defined, so the group's curves are matched in time order: ranked by when
-    they cross the group's mean level, the `j`-th to switch on is timed at the
-    level of the `j`-th predicted one."""
-    crossing = lambda cols, level: np.asarray(  # noqa: E731
-        switch_times_from_curves(t_m, np.maximum(lam[:, cols], 1e-300), 0.5, 2 * level)
-    )
-    out = np.full(len(levels), np.nan)
-    for group in groups:
-        if len(group) == 1:
-            out[group] = crossing(group, levels[group])
-            continue
-        first = crossing(group, np.full(len(group), np.mean(levels[group])))
-        by_measured = group[np.argsort(np.where(np.isnan(first), np.inf, first))]
-        by_predicted = group[
-            np.argsort(np.where(np.isnan(times), np.inf, times)[group])
-        ]
-        for col, mode in zip(by_measured, by_predicted):
-            out[mode] = crossing(np.array([col]), levels[[mode]])[0]
+    ends = {int(i): int(g[-1]) + 1 for g in groups for i in g}
+    out = np.full(c, np.nan)
+    for k in range(min(c, modes.shape[1])):
+        top = ends[k]
+        sv = np.linalg.svd(modes[:, :top].T @ U[:, :top], compute_uv=False)
+        out[k] = min(float(np.min(sv)), 1.0)
     return out
 
 
@@ -400,22 +386,24 @@ def agreement(
     degeneracy: float = 0.2,
 ) -> Agreement:
     r"""Compare a measured run with a `Prediction`: the first `num_switches`
-    switch-on times and the loss curve up to the last of them.
+    switch-ons and the loss curve up to the last of them.
 
-    For a trained network, the predicted modes are grouped where their values
-    lie within a relative `degeneracy` of their neighbours (a near-degenerate group's
-    eigenvectors are defined only as a subspace, and a single eigenvector of a
-    run that learned the same subspace can be any rotation of the predicted
-    ones). Each group is matched to the eigenvectors of the last measured `M`
-    spanning the closest subspace (principal angles: `subspace_overlaps`),
-    followed backwards in time as in `Prediction`; a measured mode switches on
-    when its eigenvalue first reaches the prediction's `switch_levels` (the same
-    threshold, so that the two times measure the same event: the trained
-    network's own last value keeps moving where the real layer departs from its
-    quadratic form), matched in time order within a group. For another
-    prediction, its own switch-on times, matched in time order. The loss is
-    compared in log space at the measured times, the predicted $\ln L$
-    interpolated linearly in `t`.
+    Switch-ons are compared one by one (`switch_ons`): the measured eigenvalues
+    of `M` by rank cross the prediction's threshold
+    (`prediction.switch_ons.threshold`: the same level, so that the two times
+    measure the same event even where a real layer's own values keep moving as
+    it departs from its quadratic form). For another `Prediction`, its curves
+    cross the same threshold.
+    The loss is compared in log space at the measured times, the predicted
+    $\ln L$ interpolated linearly in `t`.
+
+    For a trained network, `subspace_overlaps` says whether it learned the
+    predicted directions: after the `k`-th switch-on, the span of the top `k`
+    predicted modes against the top `k` eigenvectors of the measured `M` at
+    twice the horizon (by then the compared modes are on, and a real layer has
+    not had the time to drift far from its quadratic form), `k` extended to the
+    end of its near-degenerate group (values within a relative `degeneracy` of
+    their neighbours, whose eigenvectors are defined only together).
 
     **Arguments:**
 
@@ -425,10 +413,8 @@ def agreement(
       against the M-space flow).
     - `num_switches`: how many switch-ons to compare (fewer if fewer switch on).
     - `degeneracy`: the relative gap between consecutive predicted modes' values
-      below which they are matched as one subspace (0: mode by mode). The
-      default 0.2 is measured: on digits (gaps of 5-10% between consecutive
-      modes) matching at 0.1 timed the third switch-on of a real network 26% off
-      while its loss curve agreed with the prediction to 0.5%; at 0.2, 0.5%.
+      below which they are compared as one subspace (0: mode by mode; default
+      0.2).
 
     **Returns:** an `Agreement`.
 
@@ -438,42 +424,37 @@ def agreement(
     num_switches = static_int("num_switches", num_switches, 1)
     if not (np.ndim(degeneracy) == 0 and 0 <= float(degeneracy) < 1):
         raise ValueError(f"`degeneracy` must be in [0, 1), got {degeneracy!r}.")
-    times = np.asarray(prediction.switch_times, np.float64)
-    levels = np.asarray(prediction.switch_levels, np.float64)
-    groups = _degenerate_groups(prediction.mode_values, float(degeneracy))
     if not isinstance(measured, TrainResult | Prediction):
         raise ValueError(
             f"`measured` must be a TrainResult or a Prediction, got {type(measured)}."
         )
-    if isinstance(measured, TrainResult) and measured.M is None:
-        raise ValueError(
-            "`measured` must carry snapshots of M (train with snapshots=True "
-            "and no basis)."
-        )
+    ons = prediction.switch_ons
+    q = ons.times.shape[0]
+    if isinstance(measured, TrainResult):
+        source, cap = measured, measured.W.shape[1]
+    else:
+        source, cap = measured.switch_ons, measured.switch_ons.curves.shape[1]
+    c = min(num_switches, q)
+    predicted = np.asarray(ons.times, np.float64)[:c]
+    measured_times = np.full(c, np.nan)
+    if q:  # the same threshold, as many ranks as both have
+        theta = float(ons.threshold)
+        timed = switch_ons(source, threshold=theta, num_modes=min(cap, c))
+        found = np.asarray(timed.times, np.float64)
+        measured_times[: len(found)] = found
+    elif isinstance(measured, TrainResult) and measured.M is None:
+        switch_ons(measured)  # raises: no snapshots
     t_m = np.asarray(measured.ts, np.float64)
     loss_m = np.asarray(measured.loss, np.float64)
     t_p = np.asarray(prediction.ts, np.float64)
-    order = np.argsort(np.where(np.isfinite(times), times, np.inf), kind="stable")
-    c = min(num_switches, len(times))
-    pick = np.sort(order[:c])
-    horizon = float(np.nanmax(times[pick])) if c else min(t_p[-1], t_m[-1])
-    if isinstance(measured, TrainResult):
-        # match the modes at twice the horizon, not at the end of the run: by
-        # then the compared modes are on, and a real layer has not yet had the
-        # time to drift far from its quadratic form (which rotates its modes)
+    on = predicted[np.isfinite(predicted)]
+    horizon = float(np.max(on)) if len(on) else min(t_p[-1], t_m[-1])
+    overlaps = np.full(c, np.nan)
+    if isinstance(measured, TrainResult) and c:
         end = max(int(np.searchsorted(t_m, 2.0 * horizon, side="right")), 2)
-        M = np.asarray(measured.M, np.float64)[:end]
-        U, overlaps = _matching_subspaces(M[-1], prediction.modes, groups)
-        lam = track_modes(M, U)
-        measured_times = _measured_times(t_m[:end], lam, levels, times, groups)
-        measured_times = measured_times[pick]
-    else:  # another prediction: its own switch-on times, matched in time order
-        overlaps = np.full(len(times), np.nan)
-        own = np.sort(np.asarray(measured.switch_times, np.float64))
-        measured_times = np.full(len(pick), np.nan)
-        rank = np.argsort(np.argsort(times[pick]))
-        hit = rank < len(own)
-        measured_times[hit] = own[rank[hit]]
+        groups = _degenerate_groups(prediction.mode_values, float(degeneracy))
+        M_end = np.asarray(measured.M[end - 1], np.float64)
+        overlaps = _subspace_cosines(M_end, prediction.modes, groups, c)
     window = (t_m >= t_p[0]) & (t_m <= min(horizon, t_p[-1]))
     if not np.any(window):
         raise ValueError("The measured times do not overlap the prediction's.")
@@ -484,10 +465,10 @@ def agreement(
     log_meas = np.log(np.maximum(loss_m[window], tiny))
     dtype = prediction.loss.dtype
     return Agreement(
-        predicted_times=jnp.asarray(times[pick], dtype),
+        predicted_times=jnp.asarray(predicted, dtype),
         measured_times=jnp.asarray(measured_times, dtype),
-        time_errors=jnp.asarray(measured_times / times[pick] - 1.0, dtype),
-        subspace_overlaps=jnp.asarray(overlaps[pick], dtype),
+        time_errors=jnp.asarray(measured_times / predicted - 1.0, dtype),
+        subspace_overlaps=jnp.asarray(overlaps, dtype),
         log_loss_departure=jnp.asarray(np.max(np.abs(log_meas - log_pred)), dtype),
         horizon=jnp.asarray(horizon, dtype),
     )
