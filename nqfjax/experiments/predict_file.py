@@ -111,6 +111,8 @@ def default_hyperparameters(
 
 def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any]:
     """The content of `prediction.json` (less versions and files)."""
+    ons = P.switch_ons
+    labels = ons.groups
     summary: dict[str, Any] = {
         "source": source,
         "samples": int(xs.shape[0]),
@@ -121,6 +123,11 @@ def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any
         "violation": P.violation,
         "growth_rate": P.growth_rate,
         "switch_times": P.switch_times,
+        "switch_threshold": P.switch_ons.threshold,
+        "switch_groups": [
+            {"mean": float(m), "spread": float(s), "size": int(np.sum(labels == j))}
+            for j, (m, s) in enumerate(zip(ons.group_times, ons.group_spreads))
+        ],
         "plateaus": P.plateaus,
         "mode_values": P.mode_values,
         "curve": {"t": P.ts, "loss": P.loss},
