@@ -125,3 +125,22 @@ def lv_interactions(p: int):
     U = np.stack([lam, 0.5 * lam**2], axis=1)
     B = np.diag(d) + U @ U.T
     return B @ np.ones(p), B, d, U
+
+
+def logistic_crossings(lv, m0, num_modes=2):
+    r"""The switch-ons of independent logistic modes (diagonal `B`), as
+    `switch_ons` defines them: the first `num_modes` modes to switch on (the
+    smallest logistic half-way times), each $m_k(t) = m^*_k / (1 + (m^*_k/m_{0,k}
+    - 1) e^{-r_k t})$ crossing the threshold $\theta$ = half the smallest of their
+    $m^*_k = r_k / B_{kk}$, at $t_k = \ln\big((m^*_k/m_{0,k} - 1) / (m^*_k/\theta -
+    1)\big) / r_k$, sorted. In the system's time."""
+    r = np.asarray(lv.r, np.float64)
+    B = np.asarray(lv.interactions.as_matrix(), np.float64)
+    m0 = np.asarray(m0, np.float64)
+    grow = np.flatnonzero(r > 0)
+    mstar = r[grow] / np.diag(B)[grow]
+    half = np.log(mstar / m0[grow] - 1) / r[grow]
+    pick = np.argsort(half)[:num_modes]
+    mstar, rate, start = mstar[pick], r[grow][pick], m0[grow][pick]
+    theta = 0.5 * np.min(mstar)
+    return np.sort(np.log((mstar / start - 1) / (mstar / theta - 1)) / rate)

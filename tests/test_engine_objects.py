@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from helpers import logistic_crossings
 
 import nqfjax
 from nqfjax.cli import main
@@ -67,12 +68,12 @@ def test_engines_agree_where_the_data_reduce(whitened):
     # (relative size ~1/sqrt(width)), which moves the loss a little mid-drop
     np.testing.assert_allclose(lv.loss, flow.loss, rtol=5e-3, atol=1e-10)
     np.testing.assert_allclose(lv.switch_times, flow.switch_times, rtol=1e-3)
-    # the closed form: independent logistic modes, half-way at ln(m*/m0 - 1)/r
+    # the closed form: independent logistic modes m* / (1 + (m*/m0 - 1) e^{-rt})
+    # crossing the threshold theta = half the smaller m*
     task = nqfjax.task_from_samples(STRUCTURE, *whitened)
     system, basis = nqfjax.lv_reduce(task)  # in flow time: steps are t / eta
     m0 = jnp.einsum("ik,ij,jk->k", basis, lv.M0, basis)
-    closed = np.sort(np.asarray(nqfjax.switch_on_times(system, m0)))[:2]
-    closed = closed / COMMON["learning_rate"]
+    closed = logistic_crossings(system, m0) / COMMON["learning_rate"]
     np.testing.assert_allclose(lv.switch_times, closed, rtol=0.03)
     # the automatic choice is the exact reduction here, and so is the
     # approximate engine (it says so)
