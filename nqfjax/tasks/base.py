@@ -169,6 +169,6 @@ def _image_couplings(task, U):
 @eqx.filter_jit
 def _probe_images(task, U, G):
     def one(g):
-        return task.K((U * g) @ U.T)
+        return task.K((U * g[None, :]) @ U.T)
 
     return jax.lax.map(one, G.T, batch_size=_per_call(U.shape[0]))
