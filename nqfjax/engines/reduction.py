@@ -214,12 +214,29 @@ def lv_reduce(
     $\big(\sum_l \|\mathrm{off}(U^\top K[u_l u_l^\top] U)\|_F^2 /
     \sum_l \|K[u_l u_l^\top]\|_F^2\big)^{1/2}$ and
     $\|\mathrm{off}(U^\top C U)\|_F / \|C\|_F$, where `off` drops the diagonal;
-    0 means an exact reduction.
+    0 means an exact reduction. The denominator is $\|D\|_F^2$ plus the
+    numerator. For `p <= num_probes` the numerator is exact (the `K`-image of
+    every mode); above, it is estimated as the mean over `num_probes` random
+    sign vectors $g$ (drawn from `seed`) of
+    $\|\mathrm{off}(U^\top K[U \mathrm{diag}(g) U^\top] U)\|_F^2$, which is
+    unbiased (the cross terms have mean zero) and exactly 0 when the task
+    reduces, so exact reductions are still accepted at roundoff. Relative
+    spread of the estimated violation about 20% at the default 8 probes
+    (measured, ratio to the exact value over 20 seeds: standard deviation
+    0.06-0.18, extremes 0.54 and 1.36, on perceptrons on real data and rotated
+    quadratic tasks); far below or above `tol` the decision does not depend on
+    it.
 
-    Eager only: `lv_reduce` runs numpy linear algebra on top of `task.K` (which
-    is applied `O(p)` times) on concrete arrays; under `jax.jit`, `vmap`, `grad`
-    or `shard_map` it raises a `ValueError` saying so. For a `PowerLawTask` the
-    standard basis is returned without any search, and
+    Cost: `eigh` of `C` and the basis search, `O(p^3)` with one application of
+    `K` per refinement; `task.mode_couplings(U, probes)` for $D$ and the
+    probes' images (`SampledTask`: one pass over the samples, `O(n k p^2)`,
+    no `K` application); one `O(p^3)` product per probe. The previous
+    implementation applied `K` to every mode (`O(p)` applications, `O(p^4)`).
+
+    Eager only: `lv_reduce` runs numpy linear algebra (float64; `K` and the
+    couplings in the task's dtype) on concrete arrays; under `jax.jit`, `vmap`,
+    `grad` or `shard_map` it raises a `ValueError` saying so. For a
+    `PowerLawTask` the standard basis is returned without any search, and
     `PowerLawTask.lotka_volterra()` gives the system without the `p x p` basis
     (and under `jit`).
 
@@ -234,13 +251,17 @@ def lv_reduce(
       1e-3 in float32).
     - `degeneracy_tol`: relative gap below which eigenvalues count as degenerate
       (default: the square root of the machine epsilon).
-    - `seed`: seed of the random matrix used inside degenerate eigenspaces.
+    - `seed`: seed of the random matrix used inside degenerate eigenspaces and
+      of the probes.
+    - `num_probes`: an int `>= 1` (default 8), the random probes of the
+      violation's estimate; the violation is exact when `p <= num_probes`
+      (`num_probes=p` for the exact value, at `O(p)` applications of `K`).
 
     **Returns:** `(lv, basis)`: the `LotkaVolterra` system and the basis, shape
     `(p, p)`, modes as columns, so `m0 = diag(basis^T M0 basis)`.
 
     **Raises:** `NotReducibleError` (a `ValueError`) carrying `.violation` when
-    the violation exceeds `tol`; `ValueError` for a deprecated
+    the violation exceeds `tol`; `ValueError` for `num_probes < 1`, a deprecated
     `learning_rate <= 0` or `weight_decay < 0`, or traced arguments.
     """
     if not isinstance(task, Task):
