@@ -83,6 +83,12 @@ class Perceptron(AbstractStructure):
             xs, X, scale=0.5 * self.slope, k=self.k, r0=0, c0=self.k
         )
 
+    def contract_factor(self, xs, W):
+        # Tr[A_j(x) W W^T] = c (W_k W_d^T x)_j: O(b p r), no (p, p) product
+        xs = check_batch(self, xs)
+        k = self.k
+        return self.slope * (xs.astype(W.dtype) @ W[k:]) @ W[:k].T
+
     def weighted_sum(self, xs, c):
         xs = check_batch(self, xs)
         return readout_weighted_sum(

@@ -14,6 +14,7 @@ theory page "The closed flow of M".
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -86,6 +87,42 @@ class Task(eqx.Module):
         check_shape("M", M, (self.p, self.p))
         return 0.5 * frobenius(M, self._K(M)) - frobenius(self.C, M) + 0.5 * self.y2
 
+    def mode_couplings(
+        self,
+        U: Float[Array, "p r"],
+        probes: Float[Array, "r N"] | None = None,
+    ) -> Float[Array, "r r"] | tuple[Float[Array, "r r"], Float[Array, "N p p"]]:
+        r"""The couplings of the rank-one modes $u_l u_l^\top$ of the columns of
+        `U`, and optionally the `K`-images of random combinations of them:
+
+        $$D_{kl} = \langle u_k u_k^\top, K[u_l u_l^\top]\rangle, \qquad
+        Z_i = K\big[U \mathrm{diag}(g_i)\, U^\top\big],$$
+
+        with $g_i$ the columns of `probes`. `lv_reduce` builds
+        $B = 4 D$ from them and estimates its violation from the $Z_i$.
+
+        The default applies `K` to each $u_l u_l^\top$ (`r` applications and
+        `O(r p^3)` flops) and to each probe; `SampledTask` overrides it through
+        the structure's `contract_factor` and `weighted_sum` in one pass over the
+        samples (`O(n k p r)` for `F`, `O(n k r^2)` for $D = F^\top F / n$).
+        Computed in the task's dtype.
+
+        **Arguments:**
+
+        - `U`: shape `(p, r)`, the modes as columns (usually orthonormal).
+        - `probes`: shape `(r, N)`, or `None` (default).
+
+        **Returns:** `D`, shape `(r, r)`, symmetric; with `probes`, `(D, Z)` with
+        `Z` of shape `(N, p, p)`.
+
+        **Raises:** `ValueError` for shapes that do not match.
+        """
+        U, G = check_modes(self, U, probes)
+        D = _image_couplings(self, U)
+        if probes is None:
+            return D
+        return D, _probe_images(self, U, G)
+
     def known_reduction(
         self, eta=1.0, weight_decay=0.0
     ) -> tuple[LotkaVolterra, Float[Array, "p p"]] | None:
@@ -98,3 +135,40 @@ class Task(eqx.Module):
         release (rates times `eta`, decay `2 eta weight_decay`)."""
         del eta, weight_decay
         return None
+
+
+def check_modes(task: Task, U, probes):
+    """`U` (`(p, r)`) and `probes` (`(r, N)`, or no columns when `None`) as arrays
+    of the task's dtype, after checking their shapes."""
+    U = jnp.asarray(U, task.dtype)
+    if U.ndim != 2 or U.shape[0] != task.p:
+        raise ValueError(f"`U` must have shape (p, r) = ({task.p}, r), got {U.shape}.")
+    if probes is None:
+        return U, jnp.zeros((U.shape[1], 0), task.dtype)
+    G = jnp.asarray(probes, task.dtype)
+    if G.ndim != 2 or G.shape[0] != U.shape[1]:
+        raise ValueError(
+            f"`probes` must have shape (r, N) = ({U.shape[1]}, N), got {G.shape}."
+        )
+    return U, G
+
+
+def _per_call(p: int) -> int:
+    """Columns per batch when each holds a `(p, p)` matrix (about 2^22 numbers)."""
+    return max(1, 2**22 // (p * p))
+
+
+@eqx.filter_jit
+def _image_couplings(task, U):
+    def one(u):  # diag(U^T K[u u^T] U): column l of D
+        return jnp.sum(U * (task.K(jnp.outer(u, u)) @ U), axis=0)
+
+    return jax.lax.map(one, U.T, batch_size=_per_call(U.shape[0])).T
+
+
+@eqx.filter_jit
+def _probe_images(task, U, G):
+    def one(g):
+        return task.K((U * g[None, :]) @ U.T)
+
+    return jax.lax.map(one, G.T, batch_size=_per_call(U.shape[0]))

@@ -13,7 +13,7 @@ from .._checks import (
 )
 from .._linalg import sym
 from ..structures.base import AbstractStructure
-from .base import Task
+from .base import Task, check_modes
 
 
 # --------------------------------------------------------------------------------
@@ -75,6 +75,51 @@ def _offsets(structure, xs):
     return jax.vmap(lambda x: structure.layer(W0, x))(xs).astype(xs.dtype)
 
 
+def _sum_over_chunks(block, xs, b, zero):
+    """`sum(block(x_chunk))` over chunks of `b` samples: a `lax.scan` over full
+    chunks, then the remainder."""
+    n, nb = xs.shape[0], xs.shape[0] // b
+    total = zero
+    if nb > 0:
+        xr = xs[: nb * b].reshape((nb, b) + xs.shape[1:])
+
+        def body(acc, xb):
+            return jax.tree.map(jnp.add, acc, block(xb)), None
+
+        total, _ = jax.lax.scan(body, total, xr)
+    if n % b:
+        total = jax.tree.map(jnp.add, total, block(xs[nb * b :]))
+    return total
+
+
+@eqx.filter_jit
+def _sampled_couplings(structure, xs, U, G, batch_size):
+    r"""`D = F^T F / n` with $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$,
+    and $Z_i = \frac1n \sum_s \sum_j (F g_i)_{sj} A_j(x_s)$, in one pass."""
+    (p, r), N, k = U.shape, G.shape[1], structure.k
+    default = type(structure).contract_factor is AbstractStructure.contract_factor
+    # per column: the (b, k) result, and the (p, p) product W W^T of the default
+    per_column = batch_size * k + (p * p if default else p)
+    columns = max(1, min(r, 2**22 // per_column))
+
+    def block(xb):
+        def one(u):
+            return structure.contract_factor(xb, u[:, None])
+
+        F = jax.lax.map(one, U.T, batch_size=columns)  # (r, b, k)
+        F = jnp.moveaxis(F, 0, -1).reshape(-1, r)  # rows (s, j)
+        if N == 0:
+            return F.T @ F, jnp.zeros((0, p, p), U.dtype)
+        c = (F @ G).reshape(xb.shape[0], k, N)
+        Z = jax.vmap(lambda ci: structure.weighted_sum(xb, ci), in_axes=2)(c)
+        return F.T @ F, Z
+
+    zero = (jnp.zeros((r, r), U.dtype), jnp.zeros((N, p, p), U.dtype))
+    D, Z = _sum_over_chunks(block, xs, batch_size, zero)
+    n = xs.shape[0]
+    return 0.5 * (D + D.T) / n, Z / n
+
+
 class SampledTask(Task):
     r"""The empirical task of `n` samples through an `AbstractStructure`:
 
@@ -126,6 +171,20 @@ class SampledTask(Task):
 
     def _K(self, X):
         return _sampled_K(self.structure, self.xs, X, self.batch_size)
+
+    def mode_couplings(self, U, probes=None):
+        r"""`Task.mode_couplings` in one pass over the samples, through the
+        structure's hooks: $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$
+        by `contract_factor` (vmapped over the columns), then
+        $D = F^\top F / n$ and, for each probe $g_i$,
+        $Z_i = \frac1n \sum_{s,j} (F g_i)_{sj} A_j(x_s)$ by `weighted_sum`,
+        chunk by chunk of samples (`F` of a chunk: about `2^22` numbers). No `K`
+        application and no `p x p x r` product: `O(n k p r + n k r^2)` with the
+        built-in structures' closed forms, plus `O(N n k d)` for the probes."""
+        U, G = check_modes(self, U, probes)
+        b = max(1, min(self.batch_size, 2**22 // (self.structure.k * U.shape[1])))
+        D, Z = _sampled_couplings(self.structure, self.xs, U, G, b)
+        return D if probes is None else (D, Z)
 
 
 def task_from_samples(
