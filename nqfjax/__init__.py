@@ -78,6 +78,7 @@ from .experiments.engines import (
     AbstractEngine as AbstractEngine,
     ApproximateLVEngine as ApproximateLVEngine,
     AutoEngine as AutoEngine,
+    FactoredMFlowEngine as FactoredMFlowEngine,
     LVEngine as LVEngine,
     MFlowEngine as MFlowEngine,
 )

@@ -168,3 +168,112 @@ def test_factored_flow_bad_input():
         solve("task", W0, ts, 0.1)
     with pytest.raises(ValueError, match="`solver` must be a diffrax"):
         solve(task, W0, ts, 0.1, solver="tsit5")
+
+
+# --------------------------------------------------------------------------------
+# the engine
+
+
+def test_factor_of_and_modes_read_off_factors(getkey):
+    # pure numpy: the eigh factor of a rank-3 M0, and the modes of W W^T read off
+    # the factors (SVD) against those of the dense M (eigh)
+    from nqfjax.experiments._modes import track_factor_modes, track_modes
+    from nqfjax.experiments.engines import factor_of
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((7, 3))
+    F = factor_of(W @ W.T)
+    assert F.shape == (7, 3)
+    np.testing.assert_allclose(F @ F.T, W @ W.T, rtol=0, atol=1e-12)
+    assert factor_of(np.zeros((4, 4))).shape == (4, 1)
+    # records that move smoothly (modes growing at different rates, rotating)
+    E = rng.standard_normal((7, 3))
+    t = np.linspace(0.0, 1.0, 6)[:, None, None]
+    Ws = (W + 0.3 * t * E) * np.exp(t * np.array([3.0, 1.0, -1.0]))
+    M = np.einsum("tpr,tqr->tpq", Ws, Ws)
+    U = np.linalg.svd(Ws[-1], full_matrices=False)[0][:, :2]
+    np.testing.assert_allclose(
+        track_factor_modes(Ws, U), track_modes(M, U), rtol=1e-10, atol=1e-12
+    )
+
+
+RAW_STRUCTURE = nqfjax.Perceptron(d=3, k=2)
+
+
+@pytest.fixture(scope="module")
+def raw():
+    """Gaussian inputs and a tanh teacher (does not reduce), p = 5."""
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(40, 3))
+    return xs, np.tanh(xs @ rng.normal(size=(3, 2)))
+
+
+def test_predict_gives_the_factored_engine_its_weights(monkeypatch, raw):
+    # predict passes W0 (the weights train would draw) to an engine whose run
+    # takes `factor`, and M0 = W0 W0^T beside it; other engines get M0 alone
+    seen = {}
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None):
+        seen["M0"], seen["factor"] = M0, factor
+        t = np.asarray(ts, np.float64)
+        return nqfjax.experiments.engines.EngineRun(
+            engine="mflow",
+            reason="stand-in",
+            violation=float("nan"),
+            loss=1.0 / (1.0 + t),
+            mode_curves=(1.0 + t)[:, None],
+            modes=np.eye(task.p)[:, :1],
+            mode_values=np.array([1.0 + t[-1]]),
+        )
+
+    monkeypatch.setattr(nqfjax.FactoredMFlowEngine, "run", run)
+    kw = dict(init_scale=1e-3, learning_rate=0.02, key=jax.random.key(0))
+    pred = nqfjax.predict(
+        RAW_STRUCTURE,
+        *raw,
+        width=2,
+        ts=[0.0, 1.0],
+        engine=nqfjax.FactoredMFlowEngine(),
+        **kw,
+    )
+    assert seen["factor"].shape == (5, 2)
+    np.testing.assert_allclose(seen["factor"] @ seen["factor"].T, pred.M0, rtol=1e-12)
+    assert pred.reason == "stand-in"
+
+
+@pytest.mark.slow  # three compiled solves (~30 s on 2 shared cores)
+def test_factored_engine_and_the_automatic_choice(raw):
+    # width 2 < p = 5 on data that do not reduce: the automatic choice is the
+    # factored flow from the weights themselves, and says so; the same loss as
+    # the dense M-space flow to its tolerance; at most `width` modes learned
+    kw = dict(init_scale=1e-3, learning_rate=0.02, key=jax.random.key(0))
+    run = lambda engine, width=2: nqfjax.predict(  # noqa: E731
+        RAW_STRUCTURE,
+        *raw,
+        width=width,
+        num_steps=800,
+        num_records=40,
+        engine=engine,
+        **kw,
+    )
+    auto = run(None)
+    assert auto.engine == "mflow" and "(p, r) = (5, 2) factor" in auto.reason
+    assert "lv_reduce refused the data" in auto.reason and float(auto.violation) > 0.1
+    factored = run(nqfjax.FactoredMFlowEngine())
+    np.testing.assert_array_equal(auto.loss, factored.loss)
+    dense = run(nqfjax.MFlowEngine(solver=diffrax.Tsit5()))
+    np.testing.assert_allclose(auto.loss, dense.loss, rtol=1e-6)
+    assert 1 <= len(auto.mode_values) <= 2
+    np.testing.assert_allclose(
+        auto.mode_values, dense.mode_values[: len(auto.mode_values)], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        auto.switch_times, dense.switch_times[: len(auto.switch_times)], rtol=1e-4
+    )
+    # from M0 alone the engine factors it (eigh): the same flow of M
+    task = nqfjax.task_from_samples(RAW_STRUCTURE, *raw)
+    from_m0 = nqfjax.FactoredMFlowEngine().run(task, auto.M0, auto.ts, 0.02)
+    np.testing.assert_allclose(from_m0.loss, auto.loss, rtol=1e-7)
+    # a full-width start keeps the dense flow
+    wide = run(None, width=8)
+    assert "factor" not in wide.reason

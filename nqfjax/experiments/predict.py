@@ -24,7 +24,7 @@ from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
 from ._modes import track_modes
 from .compare import switch_times_from_curves
-from .engines import AbstractEngine, AutoEngine, engine_from_word
+from .engines import AbstractEngine, AutoEngine, accepts_factor, engine_from_word
 
 
 class Prediction(eqx.Module):
@@ -150,7 +150,8 @@ def _engine(engine, tol, solver, max_steps) -> AbstractEngine:
     if not isinstance(word, str):
         raise ValueError(
             "`engine` must be an nqfjax.AbstractEngine (AutoEngine, LVEngine, "
-            f"MFlowEngine, ApproximateLVEngine) or None, got {engine!r}."
+            f"MFlowEngine, FactoredMFlowEngine, ApproximateLVEngine) or None, got "
+            f"{engine!r}."
         )
     result = engine_from_word(word, **old)  # raises for an unknown word
     what = [f"engine={word!r}"] * (engine is not None) + [f"`{n}`" for n in given]
@@ -248,8 +249,10 @@ def predict(
     draws it, then runs `engine` (`AbstractEngine.run`): by default
     `AutoEngine()`, the exact Lotka-Volterra reduction where the data allow
     (`LVEngine`), else the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$
-    (`MFlowEngine`; real data: the input covariance and the input-output
-    correlation do not share an eigenbasis), saying which in `engine` and
+    (real data: the input covariance and the input-output correlation do not
+    share an eigenbasis), integrated for the `(p, width)` factor $W$ itself
+    when `width < p` (`FactoredMFlowEngine`), else for `M` (`MFlowEngine`),
+    saying which in `engine` and
     `reason`, with the measured violation; or `ApproximateLVEngine()`, cheaper
     but exact only when the violation is 0. Each engine holds its solver,
     step-size controller, adjoint and `max_steps`. Time counts steps of
@@ -306,7 +309,9 @@ def predict(
     M0 = W0 @ W0.T
     ts = jnp.asarray(grid, dtype)
     eta = float(learning_rate)
-    run = engine.run(task, M0, ts, eta, weight_decay)
+    # the engines that integrate a factor start from the weights themselves
+    extra = {"factor": W0} if accepts_factor(engine) else {}
+    run = engine.run(task, M0, ts, eta, weight_decay, **extra)
 
     times = _switch_times(grid, run.mode_curves)
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))

@@ -64,7 +64,6 @@ def readout_weighted_sum(V, c, *, scale: float, p: int, r0: int, c0: int):
     return pair_matrix(scale * c.T @ V.astype(c.dtype), p, r0, c0)
 
 
-
 # ------------------------------------------------------------------------------
 # the factored hooks: Tr[A_j W W^T] and sum c A W without any (p, p) matrix
 #
