@@ -26,11 +26,11 @@ once): they are timed up to `--dense-max-p` (default 512) and left out above.
 
 **Memory** (`--memory`): each row's factored prediction (`task_from_samples`
 and `solve_mflow_factored` with its loss, as `predict` runs them) is repeated in
-a fresh subprocess, which reports its peak resident memory (`ru_maxrss`) minus
-its baseline after importing jax and nqfjax and compiling one small program
-(so: the data, the task with its dense `(p, p)` `C`, the solve and the compiled
-programs). The table then gives the log-log slope of that peak against `p` at
-each `n` (fixed width `m`).
+a fresh subprocess, which reports its peak resident memory (`VmHWM`, reset after
+importing jax and nqfjax and compiling one small program) minus its resident
+memory then (so: the data, made in float64 then cast, the task with its dense
+`(p, p)` `C`, the solve and its compiled program). The table then gives the
+log-log slope of that peak against `p` at each `n` (fixed width `m`).
 
 Each engine is compiled once per size (compile printed apart, not in the
 ratios); the ratios are median W-space time over median engine time, and the
@@ -60,7 +60,6 @@ length: at p = 1024, n = 1e4 a GD step takes seconds).
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -234,17 +233,27 @@ def one_size(
     }
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+def _status_mb(field: str) -> float:
+    """A field of `/proc/self/status` (`VmRSS`, `VmHWM`), in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    raise SystemExit(f"no {field} in /proc/self/status")
 
 
 def memory_child(n: int, p: int) -> dict:
     """In a fresh process: the peak resident memory of the factored prediction
-    (task, solve, loss) above the baseline of the imports and a first compile."""
+    (data, task, solve, loss) above the resident memory after the imports and a
+    first compile. The high-water mark is reset there (`/proc/self/clear_refs`,
+    Linux): `ru_maxrss` cannot be, and the transient peak of importing jax and
+    nqfjax (~680 MB here) hides any prediction smaller than it."""
     jax.block_until_ready(jax.jit(lambda x: 2 * x)(jnp.ones(4)))
-    baseline = _peak_mb()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current VmRSS
+    baseline = _status_mb("VmRSS")
     xs, ys, structure, eta, _, _, ts, W0 = _setup(n, p)
-    after_data = _peak_mb()
+    after_data = _status_mb("VmHWM")
     task = nqfjax.task_from_samples(structure, xs, ys)
     loss, _ = jax.block_until_ready(jax.jit(_factored(eta))(task, W0, ts))
     if not np.all(np.isfinite(np.asarray(loss))):
@@ -252,7 +261,7 @@ def memory_child(n: int, p: int) -> dict:
     return {
         "baseline_mb": baseline,
         "data_mb": after_data - baseline,
-        "peak_mb": _peak_mb() - baseline,
+        "peak_mb": _status_mb("VmHWM") - baseline,
     }
 
 
