@@ -154,7 +154,6 @@ def test_batch_hooks_match_A(structure, getkey):
         structure.contract(xs[0], G)
 
 
-
 @eqx.filter_jit
 def _factored_hooks(structure, xs, W, c):
     base = nqfjax.AbstractStructure
@@ -186,6 +185,7 @@ def test_factored_hooks_match_the_defaults(structure, r, getkey):
         np.testing.assert_allclose(hook, default, rtol=1e-12, atol=1e-12, err_msg=name)
     with pytest.raises(ValueError, match=r"`xs` must have shape \(b, \*input_shape\)"):
         structure.contract_factor(xs[0], W)
+
 
 @parametrize_structures
 def test_additive_sum_of_units(structure, getkey):
