@@ -49,6 +49,7 @@ from .engines.mflow import (
     solve_mflow as solve_mflow,
     solve_mflow_schedule as solve_mflow_schedule,
 )
+from .engines.mflow_factored import solve_mflow_factored as solve_mflow_factored
 from .engines.sgd_divergence import sgd_divergence_boundary as sgd_divergence_boundary
 from .engines.sgd_moments import (
     SGDMoments as SGDMoments,
@@ -77,6 +78,7 @@ from .experiments.engines import (
     AbstractEngine as AbstractEngine,
     ApproximateLVEngine as ApproximateLVEngine,
     AutoEngine as AutoEngine,
+    FactoredMFlowEngine as FactoredMFlowEngine,
     LVEngine as LVEngine,
     MFlowEngine as MFlowEngine,
 )

@@ -197,6 +197,12 @@ def test_predict_cost_quick(tmp_path):
     # log loss at p = 16), not the solver
     assert 0 < row["mflow_vs_W_max_dlogL"] < 0.15
     assert row["solver_steps"]["M-flow"] > 0 and row["solver_steps"]["LV"] > 0
+    # the factored flow (64 units > p = 16: the factor has more columns than p)
+    # is the same flow: against the dense M-flow to the float32 tolerances, and
+    # against the real layer as the M-flow is
+    assert row["solver_steps"]["factored"] > 0 and row["W_over_factored"] > 0
+    assert row["factored_vs_mflow_max_dlogL"] < 3e-3  # measured 6e-4
+    assert 0 < row["factored_vs_W_max_dlogL"] < 0.15
     result = run_quick(*quick, "0")
     (row,) = result["rows"]
     # forced extrapolation: the probe's steps are recorded, the curve check is

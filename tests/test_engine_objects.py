@@ -247,6 +247,9 @@ def test_predict_reads_an_engines_curves(whitened):
             nqfjax.AutoEngine(
                 lv=nqfjax.LVEngine(max_steps=10),
                 mflow=nqfjax.MFlowEngine(solver=diffrax.Heun(), max_steps=10),
+                factored=nqfjax.FactoredMFlowEngine(
+                    solver=diffrax.Heun(), max_steps=10
+                ),
             ),
         ),
     ],

@@ -154,6 +154,39 @@ def test_batch_hooks_match_A(structure, getkey):
         structure.contract(xs[0], G)
 
 
+@eqx.filter_jit
+def _factored_hooks(structure, xs, W, c):
+    base = nqfjax.AbstractStructure
+    return dict(
+        contract_factor=(
+            structure.contract_factor(xs, W),
+            base.contract_factor(structure, xs, W),
+        ),
+        weighted_apply=(
+            structure.weighted_apply(xs, c, W),
+            base.weighted_apply(structure, xs, c, W),
+        ),
+    )
+
+
+@parametrize_structures
+@pytest.mark.parametrize("r", [1, 3])
+def test_factored_hooks_match_the_defaults(structure, r, getkey):
+    """The closed-form factored hooks of the factored M-space flow,
+    `contract_factor(xs, W)_sj = Tr[A_j(x_s) W W^T]` and
+    `weighted_apply(xs, c, W) = sum_sj c_sj A_j(x_s) W`, against the defaults
+    (through `contract(xs, W W^T)` and `weighted_sum(xs, c) @ W`), float64."""
+    b = 5
+    xs = jnp.stack([random_input(structure, getkey()) for _ in range(b)])
+    W = jax.random.normal(getkey(), (structure.p, r), jnp.float64)
+    c = jax.random.normal(getkey(), (b, structure.k), jnp.float64)
+    for name, (hook, default) in _factored_hooks(structure, xs, W, c).items():
+        assert hook.shape == default.shape and hook.dtype == W.dtype, name
+        np.testing.assert_allclose(hook, default, rtol=1e-12, atol=1e-12, err_msg=name)
+    with pytest.raises(ValueError, match=r"`xs` must have shape \(b, \*input_shape\)"):
+        structure.contract_factor(xs[0], W)
+
+
 @parametrize_structures
 def test_additive_sum_of_units(structure, getkey):
     x = random_input(structure, getkey())

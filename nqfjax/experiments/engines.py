@@ -4,19 +4,25 @@ its solve.
 
 - `MFlowEngine`: the M-space flow $\dot M = -2\eta(GM + MG) - 2\eta\lambda M$
   (`solve_mflow`), exact for any data and any $M_0$.
+- `FactoredMFlowEngine`: the same flow integrated for a `(p, r)` factor of
+  $M$ (`solve_mflow_factored`): no `(p, p)` matrix, cheaper when `r < p`.
 - `LVEngine`: the exact Lotka-Volterra reduction (`lv_reduce`, `solve_lv`);
   `NotReducibleError` where the data do not reduce.
 - `ApproximateLVEngine`: the Lotka-Volterra system in the eigenbasis of `C`
   whatever the violation of commutation (reported).
-- `AutoEngine`: its `lv` engine where the data reduce, else its `mflow` engine.
+- `AutoEngine`: its `lv` engine where the data reduce, else its `factored`
+  engine when the rank of $M_0$ is below `p`, else its `mflow` engine.
 
 Each holds `solver`, `stepsize_controller`, `adjoint` and `max_steps`, passed
 to its engine function; `None` leaves that function's default. `AbstractEngine.run`
-is the one method `predict` calls.
+is the one method `predict` calls; it passes the initial weights as the keyword
+`factor` to an engine whose `run` takes one (`FactoredMFlowEngine`,
+`AutoEngine`).
 """
 
 import abc
 import dataclasses
+import inspect
 
 import diffrax
 import equinox as eqx
@@ -27,9 +33,10 @@ from jaxtyping import ArrayLike, Float
 from ..engines._integrate import Solution
 from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
 from ..engines.mflow import solve_mflow
+from ..engines.mflow_factored import solve_mflow_factored
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
-from ._modes import learned_modes
+from ._modes import learned_count, learned_modes
 
 
 class EngineRun(eqx.Module):
@@ -182,6 +189,89 @@ class MFlowEngine(AbstractEngine):
         )
 
 
+def factor_of(M0: Float[ArrayLike, "p p"]) -> Float[np.ndarray, "p r"]:
+    """A factor `W` of the symmetric PSD `M0` with `W W^T = M0` and one column per
+    eigenvalue above roundoff (`p eps` of the largest): `U sqrt(lambda)` from
+    `eigh`, float64, shape `(p, r)` with `r` the numerical rank (at least 1)."""
+    M0 = np.asarray(M0, np.float64)
+    lam, U = np.linalg.eigh(0.5 * (M0 + M0.T))
+    keep = lam > max(float(lam[-1]), 0.0) * M0.shape[0] * np.finfo(np.float64).eps
+    keep[-1] = True
+    return U[:, keep] * np.sqrt(np.maximum(lam[keep], 0.0))
+
+
+def accepts_factor(engine: "AbstractEngine") -> bool:
+    """Whether `engine.run` takes the keyword `factor` (the initial weights)."""
+    try:
+        return "factor" in inspect.signature(engine.run).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+class FactoredMFlowEngine(AbstractEngine):
+    r"""The M-space flow integrated for a `(p, r)` factor $W$ of $M = W W^\top$
+    (`solve_mflow_factored`): the same $M(t)$ as `MFlowEngine`, with rank
+    $M \le r$ kept by construction, `O(n k p r)` or less per step through a
+    sampled task's structure (against `O(p^3)`), and no `(p, p)` matrix per
+    record: the modes are the left singular vectors of the last factor, their
+    values the squared singular values (`O(T p r^2)`). At most `r` modes are
+    reported learned.
+
+    **Arguments:** `solver`, `stepsize_controller`, `adjoint`, `max_steps`:
+    passed to `solve_mflow_factored`; `None` (default) leaves its default
+    (`diffrax.Tsit5()`, a PID controller at 1e-9 in float64).
+    """
+
+    solver: diffrax.AbstractSolver | None = None
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None
+    adjoint: diffrax.AbstractAdjoint | None = None
+    max_steps: int | None = eqx.field(default=None, static=True)
+
+    def __check_init__(self):
+        _check_options(self)
+
+    def solve(
+        self,
+        task: Task,
+        W0: Float[ArrayLike, "p r"],
+        ts: Float[ArrayLike, " T"],
+        learning_rate,
+        weight_decay=0.0,
+        **kwargs,
+    ) -> Solution:
+        """`solve_mflow_factored(task, W0, ts, learning_rate, weight_decay,
+        **kwargs)` with this engine's solver options."""
+        return solve_mflow_factored(
+            task, W0, ts, learning_rate, weight_decay, **_options(self), **kwargs
+        )
+
+    def run(
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None
+    ) -> EngineRun:
+        """The flow from `factor` (shape `(p, r)`, with `factor @ factor.T =
+        M0`; `predict` passes its initial weights), or from the factor of `M0`
+        by `eigh` (`factor_of`) when `None`; `M0` is not read then."""
+        W0 = factor_of(M0) if factor is None else factor
+        W0 = jnp.asarray(W0, jnp.result_type(task.dtype, jnp.asarray(W0).dtype))
+        sol = self.solve(task, W0, ts, learning_rate, weight_decay)
+        W = np.asarray(sol.ys, np.float64)
+        vecs, sv, _ = np.linalg.svd(W[-1], full_matrices=False)
+        last = sv**2
+        lam0 = float(np.linalg.norm(np.asarray(W0, np.float64), 2) ** 2)
+        q = min(learned_count(last, lam0), W.shape[2])
+        return EngineRun(
+            engine="mflow",
+            reason="M-space flow for a factor of rank "
+            f"{W.shape[2]} (p = {W.shape[1]}): the factored flow was asked for",
+            violation=float("nan"),
+            loss=np.asarray(sol.loss, np.float64),
+            # the eigenvalues of M = W W^T by rank: squared singular values
+            mode_curves=np.linalg.svd(W, compute_uv=False)[:, :q] ** 2,
+            modes=vecs[:, :q],
+            mode_values=last[:q],
+        )
+
+
 def _exact_violation(task):
     """The violation of an accepted reduction, measured again at `tol = 0`
     (`lv_reduce` reports it only when it refuses)."""
@@ -317,38 +407,64 @@ class ApproximateLVEngine(AbstractEngine):
 
 class AutoEngine(AbstractEngine):
     """The automatic choice (`predict`'s default): `lv` where `lv_reduce` accepts
-    the data, else `mflow` (real data: the input covariance and the input-output
-    correlation do not share an eigenbasis), saying why with the measured
-    violation.
+    the data, else the M-space flow (real data: the input covariance and the
+    input-output correlation do not share an eigenbasis), saying why with the
+    measured violation. The flow is the `factored` engine when the initial
+    factor (`predict`'s weights, or the numerical rank of `M0`) has fewer
+    columns than `p` (it then costs `O(n k p r)` per step against `O(p^3)`, and
+    keeps rank `M <= r`), else the `mflow` engine.
 
     **Arguments:**
 
     - `lv`: the `LVEngine` tried first (its `tol` decides; default `LVEngine()`).
-    - `mflow`: the `MFlowEngine` otherwise (default
+    - `mflow`: the `MFlowEngine` for a full-rank start (default
       `MFlowEngine(solver=diffrax.Tsit5())`).
+    - `factored`: the `FactoredMFlowEngine` for a start of rank below `p`
+      (default `FactoredMFlowEngine()`).
     """
 
     lv: LVEngine = LVEngine()
     mflow: MFlowEngine = MFlowEngine(solver=diffrax.Tsit5())
+    factored: FactoredMFlowEngine = FactoredMFlowEngine()
 
     def __check_init__(self):
-        for name, kind in (("lv", LVEngine), ("mflow", MFlowEngine)):
+        for name, kind in (
+            ("lv", LVEngine),
+            ("mflow", MFlowEngine),
+            ("factored", FactoredMFlowEngine),
+        ):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(
                     f"`{name}` of AutoEngine must be an nqfjax.{kind.__name__}, got "
                     f"{getattr(self, name)!r}."
                 )
 
-    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+    def run(
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None
+    ) -> EngineRun:
+        """`factor`: the initial weights (`factor @ factor.T = M0`), if known."""
         try:
             return self.lv.run(task, M0, ts, learning_rate, weight_decay)
         except NotReducibleError as e:
-            run = self.mflow.run(task, M0, ts, learning_rate, weight_decay)
-            reason = (
-                "M-space flow: lv_reduce refused the data (violation of "
-                f"commutation {e.violation:.3g} > tol {e.tol:.3g})"
+            refused = (
+                "lv_reduce refused the data (violation of commutation "
+                f"{e.violation:.3g} > tol {e.tol:.3g})"
             )
-            return dataclasses.replace(run, reason=reason, violation=e.violation)
+            violation = e.violation
+        W0 = factor_of(M0) if factor is None else factor
+        r, p = np.shape(W0)[1], task.p
+        if r < p:
+            run = self.factored.run(
+                task, M0, ts, learning_rate, weight_decay, factor=W0
+            )
+            reason = (
+                f"M-space flow for the (p, r) = ({p}, {r}) factor of M0 "
+                f"(rank {r} < p): {refused}"
+            )
+        else:
+            run = self.mflow.run(task, M0, ts, learning_rate, weight_decay)
+            reason = f"M-space flow: {refused}"
+        return dataclasses.replace(run, reason=reason, violation=violation)
 
 
 #: The words of `nqfjax predict --engine` (and of `predict`'s deprecated strings).
@@ -382,7 +498,8 @@ def engine_from_word(
         solver=diffrax.Tsit5() if solver is None else solver, max_steps=max_steps
     )
     if word == "auto":
-        return AutoEngine(lv=lv, mflow=mflow)
+        factored = FactoredMFlowEngine(solver=solver, max_steps=max_steps)
+        return AutoEngine(lv=lv, mflow=mflow, factored=factored)
     if word == "approximate_lv":
         return ApproximateLVEngine(tol=tol, max_steps=max_steps)
     return lv if word == "lv" else mflow

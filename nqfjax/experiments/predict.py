@@ -22,7 +22,7 @@ from .._checks import eager_only, static_int
 from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
-from .engines import AbstractEngine, AutoEngine, engine_from_word
+from .engines import AbstractEngine, AutoEngine, accepts_factor, engine_from_word
 from .switch_ons import SwitchOns, rank_switch_ons, switch_ons
 
 
@@ -45,7 +45,7 @@ class Prediction(eqx.Module):
     **Attributes:**
 
     - `engine`: the engine used, `"lv"` (exact reduction), `"mflow"` (the
-      M-space flow), `"factored_mflow"` (its factored form) or
+      M-space flow, dense or factored: `reason` says which) or
       `"approximate_lv"` (the Lotka-Volterra system in the eigenbasis of `C`):
       what an `AutoEngine` chose.
     - `reason`: one line saying why that engine (the measured violation).
@@ -173,7 +173,8 @@ def _engine(engine, tol, solver, max_steps) -> AbstractEngine:
     if not isinstance(word, str):
         raise ValueError(
             "`engine` must be an nqfjax.AbstractEngine (AutoEngine, LVEngine, "
-            f"MFlowEngine, ApproximateLVEngine) or None, got {engine!r}."
+            f"MFlowEngine, FactoredMFlowEngine, ApproximateLVEngine) or None, got "
+            f"{engine!r}."
         )
     result = engine_from_word(word, **old)  # raises for an unknown word
     what = [f"engine={word!r}"] * (engine is not None) + [f"`{n}`" for n in given]
@@ -261,8 +262,10 @@ def predict(
     draws it, then runs `engine` (`AbstractEngine.run`): by default
     `AutoEngine()`, the exact Lotka-Volterra reduction where the data allow
     (`LVEngine`), else the M-space flow $\dot M = -2\eta(GM + MG)$ from $M_0$
-    (`MFlowEngine`; real data: the input covariance and the input-output
-    correlation do not share an eigenbasis), saying which in `engine` and
+    (real data: the input covariance and the input-output correlation do not
+    share an eigenbasis), integrated for the `(p, width)` factor $W$ itself
+    when `width < p` (`FactoredMFlowEngine`), else for `M` (`MFlowEngine`),
+    saying which in `engine` and
     `reason`, with the measured violation; or `ApproximateLVEngine()`, cheaper
     but exact only when the violation is 0. Each engine holds its solver,
     step-size controller, adjoint and `max_steps`. Time counts steps of
@@ -316,10 +319,12 @@ def predict(
     task = task_from_samples(structure, xs, ys)
     dtype = task.dtype
     W0 = _initial_weights(structure, key, init_scale, width, dtype)
-    M0 = W0 @ W0.T
+    M0 = W0 @ W0.T  # for the engines that take M0 (the dense flow, LV)
     ts = jnp.asarray(grid, dtype)
     eta = float(learning_rate)
-    run = engine.run(task, M0, ts, eta, weight_decay)
+    # the engines that integrate a factor start from the weights themselves
+    extra = {"factor": W0} if accepts_factor(engine) else {}
+    run = engine.run(task, M0, ts, eta, weight_decay, **extra)
 
     # never more modes than the rank of M = W W^T allows
     q = min(run.mode_curves.shape[1], width)

@@ -65,6 +65,64 @@ def readout_weighted_sum(V, c, *, scale: float, p: int, r0: int, c0: int):
 
 
 # ------------------------------------------------------------------------------
+# the factored hooks: Tr[A_j W W^T] and sum c A W without any (p, p) matrix
+#
+# For X = W W^T the pair part is B = W_r W_c^T (rows r and c of W), so
+# Tr[A_j X] = 2 <U_j, W_r W_c^T>, and (sum c A) W has rows r = G W_c and rows
+# c = G^T W_r with G = sum c U_j.
+
+
+def pair_factors(W, r0: int, nr: int, c0: int, nc: int):
+    """`(W_r, W_c)`: the rows `r0 .. r0 + nr` and `c0 .. c0 + nc` of `W`."""
+    return W[r0 : r0 + nr], W[c0 : c0 + nc]
+
+
+def pair_apply(GWc, GtWr, W, r0: int, c0: int) -> Float[Array, "p r"]:
+    r"""$(\sum c A) W$ in the pair pattern: the `(p, r)` matrix with `GWc`
+    ($G W_c$, shape `(nr, r)`) at rows `r0 ..`, `GtWr` ($G^\top W_r$, shape
+    `(nc, r)`) at rows `c0 ..`, zero elsewhere (in the dtype of `W`)."""
+    out = jnp.zeros(W.shape, W.dtype)
+    out = out.at[r0 : r0 + GWc.shape[0]].add(GWc.astype(W.dtype))
+    return out.at[c0 : c0 + GtWr.shape[0]].add(GtWr.astype(W.dtype))
+
+
+def readout_contract_factor(V, W, *, scale: float, k: int, r0: int, c0: int):
+    r"""`contract_factor` for $U_j(x) = s\, e_j v(x)^\top$:
+    $\mathrm{Tr}[A_j(x_s) W W^\top] = 2 s\, (V W_c W_r^\top)_{sj}$, computed as
+    `V @ (W_c @ W_r.T)`: `O(n k r + b n k)` for `V` of shape `(b, n)`.
+
+    **Returns:** shape `(b, k)`, in the dtype of `W`.
+    """
+    Wr, Wc = pair_factors(W, r0, k, c0, V.shape[1])
+    return 2.0 * scale * V.astype(W.dtype) @ (Wc @ Wr.T)
+
+
+def readout_weighted_apply(V, c, W, *, scale: float, r0: int, c0: int):
+    r"""`weighted_apply` for $U_j(x) = s\, e_j v(x)^\top$: with
+    $G = s\, c^\top V$ (shape `(k, n)`), rows `r0 ..` get $G W_c$ and rows
+    `c0 ..` get $G^\top W_r$; `O(b k n + k n r)`.
+
+    **Returns:** shape `(p, r)`, in the dtype of `W`.
+    """
+    G = scale * c.astype(W.dtype).T @ V.astype(W.dtype)
+    Wr, Wc = pair_factors(W, r0, G.shape[0], c0, G.shape[1])
+    return pair_apply(G @ Wc, G.T @ Wr, W, r0, c0)
+
+
+def outer_weighted_apply(L, R, W, *, scale: float, r0: int, c0: int):
+    r"""`weighted_apply` when $G = s\, L^\top R$ (`L`: `(b, nr)`, `R`:
+    `(b, nc)`; a sum of rank-one blocks): rows `r0 ..` get
+    $s L^\top (R W_c)$ and rows `c0 ..` get $s R^\top (L W_r)$, without forming
+    `G`; `O(b (nr + nc) r)`.
+
+    **Returns:** shape `(p, r)`, in the dtype of `W`.
+    """
+    L, R = L.astype(W.dtype), R.astype(W.dtype)
+    Wr, Wc = pair_factors(W, r0, L.shape[1], c0, R.shape[1])
+    return pair_apply(scale * L.T @ (R @ Wc), scale * R.T @ (L @ Wr), W, r0, c0)
+
+
+# ------------------------------------------------------------------------------
 # activations
 
 

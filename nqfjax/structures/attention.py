@@ -9,7 +9,16 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import is_concrete, static_int
-from ._blocks import pair_matrix, pair_part, readout_contract, readout_weighted_sum
+from ._blocks import (
+    outer_weighted_apply,
+    pair_factors,
+    pair_matrix,
+    pair_part,
+    readout_contract,
+    readout_contract_factor,
+    readout_weighted_apply,
+    readout_weighted_sum,
+)
 from .base import (
     AbstractStructure,
     check_batch,
@@ -197,6 +206,18 @@ class QKAttention(AbstractStructure):
         G = 0.5 * xa.T @ jnp.einsum("bj,bjl->bl", c, Z)  # sum_sj c_sj x_a z_sj^T / 2
         return pair_matrix(G, self.p, 0, self.d)
 
+    def contract_factor(self, xs, W):
+        # x_a^T W_q W_k^T z_j = (W_q^T x_a) . (W_k^T z_j)
+        xa, Z = self._batch(xs, W.dtype)
+        Wq, Wk = pair_factors(W, 0, self.d, self.d, self.d)
+        return jnp.einsum("br,bjr->bj", xa @ Wq, Z @ Wk)
+
+    def weighted_apply(self, xs, c, W):
+        # G = (1/2) x_a^T (sum_j c_sj z_sj): a sum of rank-one blocks
+        xa, Z = self._batch(xs, W.dtype)
+        zc = jnp.einsum("bj,bjl->bl", c.astype(W.dtype), Z)
+        return outer_weighted_apply(xa, zc, W, scale=0.5, r0=0, c0=self.d)
+
     def sample_size(self):
         return (self.T + self.k + 1) * self.d
 
@@ -306,6 +327,14 @@ class OVAttention(AbstractStructure):
     def weighted_sum(self, xs, c):
         xbar = jnp.mean(check_batch(self, xs), axis=1)
         return readout_weighted_sum(xbar, c, scale=0.5, p=self.p, r0=0, c0=self.k)
+
+    def contract_factor(self, xs, W):
+        xbar = jnp.mean(check_batch(self, xs), axis=1)
+        return readout_contract_factor(xbar, W, scale=0.5, k=self.k, r0=0, c0=self.k)
+
+    def weighted_apply(self, xs, c, W):
+        xbar = jnp.mean(check_batch(self, xs), axis=1)
+        return readout_weighted_apply(xbar, c, W, scale=0.5, r0=0, c0=self.k)
 
     def sample_size(self):
         return (self.T + self.k) * self.d

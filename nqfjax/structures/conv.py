@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ._blocks import pair_matrix, pair_part, slope_at_zero
+from ._blocks import pair_apply, pair_factors, pair_matrix, pair_part, slope_at_zero
 from .base import (
     AbstractStructure,
     check_batch,
@@ -122,6 +122,19 @@ class Conv1D(AbstractStructure):
         Xs = self._blocks(check_batch(self, xs)).astype(c.dtype)
         G = 0.5 * self.slope * jnp.einsum("b,bns->ns", c[:, 0], Xs)
         return pair_matrix(G, self.p, 0, Xs.shape[1])
+
+    def contract_factor(self, xs, W):
+        # B = W_r W_c^T is (n, s), the size of one patch matrix, not (p, p)
+        Xs = self._blocks(check_batch(self, xs)).astype(W.dtype)
+        n, s = Xs.shape[1:]
+        Wr, Wc = pair_factors(W, 0, n, n, s)
+        return self.slope * jnp.einsum("bns,ns->b", Xs, Wr @ Wc.T)[:, None]
+
+    def weighted_apply(self, xs, c, W):
+        Xs = self._blocks(check_batch(self, xs)).astype(W.dtype)
+        G = 0.5 * self.slope * jnp.einsum("b,bns->ns", c[:, 0].astype(W.dtype), Xs)
+        Wr, Wc = pair_factors(W, 0, G.shape[0], G.shape[0], G.shape[1])
+        return pair_apply(G @ Wc, G.T @ Wr, W, 0, G.shape[0])
 
     def sample_size(self):
         return self.length + self.positions * self.kernel_size

@@ -8,9 +8,13 @@ import jax
 import jax.numpy as jnp
 
 from ._blocks import (
+    outer_weighted_apply,
+    pair_factors,
     pair_matrix,
     pair_part,
     readout_contract,
+    readout_contract_factor,
+    readout_weighted_apply,
     readout_weighted_sum,
     slope_at_zero,
 )
@@ -146,6 +150,29 @@ class MixtureOfExperts(AbstractStructure):
             return pair_matrix(G, self.p, 0, d)
         scale = 0.5 * self.slope / self.experts
         return readout_weighted_sum(xs, c, scale=scale, p=self.p, r0=d, c0=d + self.k)
+
+    def contract_factor(self, xs, W):
+        xs = check_batch(self, xs)
+        d = self.d
+        if self.gate == "factor":
+            # c x^T W_r W_c^T x = c (W_r^T x) . (W_c^T x)
+            Wr, Wc = pair_factors(W, 0, d, d, d)
+            xs = xs.astype(W.dtype)
+            return self.slope * jnp.sum((xs @ Wr) * (xs @ Wc), axis=1, keepdims=True)
+        scale = 0.5 * self.slope / self.experts
+        return readout_contract_factor(
+            xs, W, scale=scale, k=self.k, r0=d, c0=d + self.k
+        )
+
+    def weighted_apply(self, xs, c, W):
+        xs = check_batch(self, xs)
+        d = self.d
+        if self.gate == "factor":  # G = (c/2) sum_s c_s x_s x_s^T
+            xs = xs.astype(W.dtype)
+            L = xs * c.astype(W.dtype)
+            return outer_weighted_apply(L, xs, W, scale=0.5 * self.slope, r0=0, c0=d)
+        scale = 0.5 * self.slope / self.experts
+        return readout_weighted_apply(xs, c, W, scale=scale, r0=d, c0=d + self.k)
 
     def sample_size(self):
         return self.d + self.k

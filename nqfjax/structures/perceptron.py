@@ -6,7 +6,13 @@ from typing import final
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._blocks import readout_contract, readout_weighted_sum, slope_at_zero
+from ._blocks import (
+    readout_contract,
+    readout_contract_factor,
+    readout_weighted_apply,
+    readout_weighted_sum,
+    slope_at_zero,
+)
 from .base import (
     AbstractStructure,
     check_batch,
@@ -83,17 +89,21 @@ class Perceptron(AbstractStructure):
             xs, X, scale=0.5 * self.slope, k=self.k, r0=0, c0=self.k
         )
 
-    def contract_factor(self, xs, W):
-        # Tr[A_j(x) W W^T] = c (W_k W_d^T x)_j: O(b p r), no (p, p) product
-        xs = check_batch(self, xs)
-        k = self.k
-        return self.slope * (xs.astype(W.dtype) @ W[k:]) @ W[:k].T
-
     def weighted_sum(self, xs, c):
         xs = check_batch(self, xs)
         return readout_weighted_sum(
             xs, c, scale=0.5 * self.slope, p=self.p, r0=0, c0=self.k
         )
+
+    def contract_factor(self, xs, W):
+        xs = check_batch(self, xs)
+        return readout_contract_factor(
+            xs, W, scale=0.5 * self.slope, k=self.k, r0=0, c0=self.k
+        )
+
+    def weighted_apply(self, xs, c, W):
+        xs = check_batch(self, xs)
+        return readout_weighted_apply(xs, c, W, scale=0.5 * self.slope, r0=0, c0=self.k)
 
     def sample_size(self):
         return self.k + self.d

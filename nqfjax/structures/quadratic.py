@@ -59,6 +59,16 @@ class QuadraticNet(AbstractStructure):
         xs = check_batch(self, xs).astype(c.dtype)
         return (xs * c).T @ xs
 
+    def contract_factor(self, xs, W):
+        # Tr[x x^T W W^T] = |W^T x|^2
+        xs = check_batch(self, xs).astype(W.dtype)
+        return jnp.sum((xs @ W) ** 2, axis=1, keepdims=True)
+
+    def weighted_apply(self, xs, c, W):
+        # sum_s c_s x_s x_s^T W
+        xs = check_batch(self, xs).astype(W.dtype)
+        return (xs * c.astype(W.dtype)).T @ (xs @ W)
+
     def sample_size(self):
         return self.d
 

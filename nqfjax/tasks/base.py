@@ -123,6 +123,36 @@ class Task(eqx.Module):
             return D
         return D, _probe_images(self, U, G)
 
+    def gradient_factor(self, W: Float[Array, "p r"]) -> Float[Array, "p r"]:
+        r"""$G(W W^\top)\, W = K[W W^\top] W - C W$, shape `(p, r)`: the
+        gradient of the factored M-space flow,
+        $\dot W = -\eta\,(2 G(W W^\top) W + \lambda W)$.
+
+        The default forms $W W^\top$ and calls `gradient` (`O(p^2 r)` plus one
+        `K`); `SampledTask` sums over the samples through the structure's
+        factored hooks instead, never forming a `(p, p)` matrix.
+
+        **Arguments:**
+
+        - `W`: a factor, shape `(p, r)`.
+        """
+        W = jnp.asarray(W)
+        check_factor(W, self.p)
+        return self.gradient(W @ W.T) @ W
+
+    def loss_factor(self, W: Float[Array, "p r"]) -> Float[Array, ""]:
+        r"""$L(W W^\top)$ (a scalar), the loss at $M = W W^\top$ (see `loss`).
+        The default forms $W W^\top$; `SampledTask` reads it off the model's
+        outputs $\mathrm{Tr}[A_j(x_s) W W^\top]$ instead.
+
+        **Arguments:**
+
+        - `W`: a factor, shape `(p, r)`.
+        """
+        W = jnp.asarray(W)
+        check_factor(W, self.p)
+        return self.loss(W @ W.T)
+
     def known_reduction(
         self, eta=1.0, weight_decay=0.0
     ) -> tuple[LotkaVolterra, Float[Array, "p p"]] | None:
@@ -172,3 +202,9 @@ def _probe_images(task, U, G):
         return task.K((U * g[None, :]) @ U.T)
 
     return jax.lax.map(one, G.T, batch_size=_per_call(U.shape[0]))
+
+
+def check_factor(W, p: int) -> None:
+    """`ValueError` unless `W` is a factor of shape `(p, r)`."""
+    if W.ndim != 2 or W.shape[0] != p:
+        raise ValueError(f"`W` must have shape (p, r) = ({p}, r), got {W.shape}.")

@@ -13,7 +13,7 @@ from .._checks import (
 )
 from .._linalg import sym
 from ..structures.base import AbstractStructure
-from .base import Task, check_modes
+from .base import Task, check_factor, check_modes
 
 
 # --------------------------------------------------------------------------------
@@ -67,6 +67,47 @@ def _sampled_K(structure, xs, X, batch_size):
     return _chunked_sum(
         structure, xs, dummy, lambda xb, _: structure.contract(xb, Xs), batch_size
     )
+
+
+def _chunked_residuals(structure, xs, targets, W, batch_size, *, apply: bool):
+    r"""One pass over the samples for a factor `W` (shape `(p, r)`): the
+    residuals $e_{sj} = \mathrm{Tr}[A_j(x_s) W W^\top] - t_{sj}$ of the outputs
+    against the targets, chunk by chunk of `batch_size` samples (a `lax.scan`
+    over full chunks, then the remainder) through the factored hooks.
+
+    **Returns:** `(G W, L)`: $G W = \frac1n \sum_{s,j} e_{sj} A_j(x_s) W$
+    (shape `(p, r)`; zeros unless `apply`) and
+    $L = \frac1{2n} \sum_{s,j} e_{sj}^2$."""
+    n, b = xs.shape[0], batch_size
+
+    def block(xb, tb):
+        res = structure.contract_factor(xb, W) - tb.astype(W.dtype)
+        GW = structure.weighted_apply(xb, res, W) if apply else jnp.zeros_like(W)
+        return GW, 0.5 * jnp.sum(res**2)
+
+    total = (jnp.zeros(W.shape, W.dtype), jnp.zeros((), W.dtype))
+    nb = n // b
+    if nb > 0:
+        xr = xs[: nb * b].reshape((nb, b) + xs.shape[1:])
+        tr = targets[: nb * b].reshape((nb, b) + targets.shape[1:])
+
+        def body(acc, xt):
+            return jax.tree.map(jnp.add, acc, block(*xt)), None
+
+        total, _ = jax.lax.scan(body, total, (xr, tr))
+    if n % b:
+        total = jax.tree.map(jnp.add, total, block(xs[nb * b :], targets[nb * b :]))
+    return jax.tree.map(lambda x: x / n, total)
+
+
+@eqx.filter_jit
+def _sampled_gradient_factor(structure, xs, targets, W, batch_size):
+    return _chunked_residuals(structure, xs, targets, W, batch_size, apply=True)[0]
+
+
+@eqx.filter_jit
+def _sampled_loss_factor(structure, xs, targets, W, batch_size):
+    return _chunked_residuals(structure, xs, targets, W, batch_size, apply=False)[1]
 
 
 @eqx.filter_jit
@@ -185,6 +226,28 @@ class SampledTask(Task):
         b = max(1, min(self.batch_size, 2**22 // (self.structure.k * U.shape[1])))
         D, Z = _sampled_couplings(self.structure, self.xs, U, G, b)
         return D if probes is None else (D, Z)
+
+    def gradient_factor(self, W):
+        r"""$G(W W^\top) W = \frac1n \sum_{s,j} (f_{sj} - \tilde y_{sj})
+        A_j(x_s) W$ with $f_{sj} = \mathrm{Tr}[A_j(x_s) W W^\top]$, shape
+        `(p, r)`: one pass over the samples through the structure's
+        `contract_factor` and `weighted_apply`, never a `(p, p)` matrix
+        (`O(n k p r)` or less for the built-in structures)."""
+        W = jnp.asarray(W)
+        check_factor(W, self.p)
+        return _sampled_gradient_factor(
+            self.structure, self.xs, self.targets, W, self.batch_size
+        )
+
+    def loss_factor(self, W):
+        r"""$L(W W^\top) = \frac1{2n}\sum_{s,j} (f_{sj} - \tilde y_{sj})^2$ from
+        the outputs $f_{sj} = \mathrm{Tr}[A_j(x_s) W W^\top]$
+        (`contract_factor`), never a `(p, p)` matrix."""
+        W = jnp.asarray(W)
+        check_factor(W, self.p)
+        return _sampled_loss_factor(
+            self.structure, self.xs, self.targets, W, self.batch_size
+        )
 
 
 def task_from_samples(
