@@ -234,6 +234,38 @@ def test_predict_reads_an_engines_curves(whitened):
     np.testing.assert_allclose(pred.growth_rate, r, rtol=1e-12)
 
 
+class _Flat(nqfjax.AbstractEngine):
+    """No mode grows: a flat loss and no learned mode."""
+
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0):
+        T = len(np.asarray(ts))
+        return nqfjax.experiments.engines.EngineRun(
+            engine="lv",
+            reason="stand-in",
+            violation=0.0,
+            loss=np.full(T, 3.0),
+            mode_curves=np.zeros((T, 0)),
+            modes=np.zeros((task.p, 0)),
+            mode_values=np.zeros(0),
+        )
+
+
+def test_predict_without_a_switch_on(whitened):
+    """Nothing switches on within the horizon: no switch-on time, one plateau
+    (the loss at ts[0]), and an agreement with nothing to time."""
+    pred = nqfjax.predict(
+        STRUCTURE,
+        *whitened,
+        ts=np.linspace(0.0, 100.0, 11),
+        engine=_Flat(),
+        **{k: v for k, v in COMMON.items() if k != "num_records"},
+    )
+    assert pred.switch_times.shape == (0,) and pred.switch_ons.groups.shape == (0,)
+    np.testing.assert_array_equal(pred.plateaus, [3.0])
+    agree = nqfjax.agreement(pred, pred)
+    assert agree.time_errors.shape == (0,)
+
+
 @pytest.mark.parametrize(
     "old,new",
     [

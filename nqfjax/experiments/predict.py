@@ -199,6 +199,8 @@ def _plateaus(ts, loss, times):
     log_loss = np.log(np.maximum(loss, np.finfo(np.float64).tiny))
     inner = np.exp(np.interp(mids, ts, log_loss))
     levels = np.concatenate([[loss[0]], inner, [loss[-1]]])
+    if len(on) == 0:  # no switch-on within the horizon: one plateau
+        levels = levels[:1]
     # modes already on at ts[0] (NaN times) have no plateau before them
     missing = len(times) + 1 - len(levels)
     return np.concatenate([levels, np.full(missing, np.nan)])
