@@ -231,6 +231,28 @@ def flow_times(
     return s_start, jnp.asarray(unique, dtype), inverse.reshape(-1)
 
 
+def field_rate_and_times(
+    learning_rate, ts, t_start, *, momentum: float, discrete: bool
+):
+    """The rate that scales a flow's field and the times it is integrated at:
+    `(eta, s_start, times, inverse)`. A constant rate scales the field, so that
+    gradients in it need no clock; a schedule or momentum runs the unit-rate flow
+    on the clock $s(t)$ (`flow_times`)."""
+    if callable(learning_rate) or momentum != 0:
+        s_start, times, inverse = flow_times(
+            learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+        )
+        return jnp.ones((), ts.dtype), s_start, times, inverse
+    return learning_rate, t_start, ts, None
+
+
+def overflow_exponent(dtype) -> Array:
+    """`s_max`: the largest log-norm of a factor `W = e^s V` whose `M = W W^T`
+    products stay far from overflow in `dtype` (an eighth of the log of the
+    largest float)."""
+    return jnp.asarray(0.125 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
+
+
 # --------------------------------------------------------------------------------
 # the integration
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 import diffrax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import (
@@ -28,8 +27,9 @@ from ._integrate import (
     check_times,
     default_adjoint,
     deprecated_tolerances,
-    flow_times,
+    field_rate_and_times,
     integrate,
+    overflow_exponent,
     step_size_controller,
 )
 
@@ -181,16 +181,10 @@ def solve_mflow(
     controller, pending = step_size_controller(
         stepsize_controller, rtol, atol, _default_tolerances(dtype)
     )
-    if callable(learning_rate) or momentum != 0:
-        # the unit-rate flow on the clock s(t)
-        eta = jnp.ones((), dtype)
-        s_start, times, inverse = flow_times(
-            learning_rate, ts, t_start, momentum=momentum, discrete=discrete
-        )
-    else:
-        # a constant rate scales the field: gradients in it need no clock
-        eta, s_start, times, inverse = learning_rate, t_start, ts, None
-    s_max = jnp.asarray(0.125 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
+    eta, s_start, times, inverse = field_rate_and_times(
+        learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+    )
+    s_max = overflow_exponent(dtype)
     (s, V), _, stats, result = integrate(
         _TERM,
         diffrax.Kvaerno5() if solver is None else solver,

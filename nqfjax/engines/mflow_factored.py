@@ -10,7 +10,6 @@ from collections.abc import Callable
 import diffrax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from .._checks import check_shape, error_if, finite, is_concrete, nonnegative
@@ -20,8 +19,9 @@ from ._integrate import (
     check_learning_rate,
     check_times,
     default_adjoint,
-    flow_times,
+    field_rate_and_times,
     integrate,
+    overflow_exponent,
     step_size_controller,
 )
 
@@ -155,14 +155,10 @@ def solve_mflow_factored(
     controller, pending = step_size_controller(
         stepsize_controller, None, None, _default_tolerances(dtype)
     )
-    if callable(learning_rate) or momentum != 0:
-        eta = jnp.ones((), dtype)  # the unit-rate flow on the clock s(t)
-        s_start, times, inverse = flow_times(
-            learning_rate, ts, t_start, momentum=momentum, discrete=discrete
-        )
-    else:
-        eta, s_start, times, inverse = learning_rate, t_start, ts, None
-    s_max = jnp.asarray(0.125 * float(np.log(np.finfo(np.dtype(dtype)).max)), dtype)
+    eta, s_start, times, inverse = field_rate_and_times(
+        learning_rate, ts, t_start, momentum=momentum, discrete=discrete
+    )
+    s_max = overflow_exponent(dtype)
     (s, V), _, stats, result = integrate(
         _TERM,
         diffrax.Tsit5() if solver is None else solver,
