@@ -177,10 +177,11 @@ def test_predict_agreement_quick(tmp_path):
     # the real tanh perceptron on iris at width 64: within the 5% criterion
     # (measured +0.26%, +1.55%, 0.014 in log loss)
     assert iris["passed"] and max(map(abs, iris["time_errors"])) < 0.05
-    # the approximate reduction departs from the flow (iris, violation 0.10:
-    # measured -8.2%, -8.2%, 0.029 in log loss)
+    # the approximate reduction departs from the flow in the curve (iris,
+    # violation 0.09: switch-ons by rank +0.01%, +0.6%, 0.029 in log loss)
     lv_errors = np.abs(iris["approximate_lv"]["time_errors"])
-    assert np.all((lv_errors > 0.02) & (lv_errors < 0.15))
+    assert np.all(lv_errors < 0.02)
+    assert 0.01 < iris["approximate_lv"]["log_loss_departure"] < 0.1
 
 
 @pytest.mark.slow  # the quick benchmark twice (three engines compiled each time)
