@@ -255,8 +255,10 @@ class FactoredMFlowEngine(AbstractEngine):
         W0 = jnp.asarray(W0, jnp.result_type(task.dtype, jnp.asarray(W0).dtype))
         sol = self.solve(task, W0, ts, learning_rate, weight_decay)
         W = np.asarray(sol.ys, np.float64)
-        vecs, sv, _ = np.linalg.svd(W[-1], full_matrices=False)
-        last = sv**2
+        # the eigenvalues of M = W W^T by rank: squared singular values
+        curves = np.linalg.svd(W, compute_uv=False) ** 2
+        vecs = np.linalg.svd(W[-1], full_matrices=False)[0]
+        last = curves[-1]
         lam0 = float(np.linalg.norm(np.asarray(W0, np.float64), 2) ** 2)
         q = min(learned_count(last, lam0), W.shape[2])
         return EngineRun(
@@ -265,8 +267,7 @@ class FactoredMFlowEngine(AbstractEngine):
             f"{W.shape[2]} (p = {W.shape[1]}): the factored flow was asked for",
             violation=float("nan"),
             loss=np.asarray(sol.loss, np.float64),
-            # the eigenvalues of M = W W^T by rank: squared singular values
-            mode_curves=np.linalg.svd(W, compute_uv=False)[:, :q] ** 2,
+            mode_curves=curves[:, :q],
             modes=vecs[:, :q],
             mode_values=last[:q],
         )

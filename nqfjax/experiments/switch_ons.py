@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from .._checks import static_int
 from .._curves import first_crossing
 from ..engines.train import TrainResult
-from ._modes import learned_modes
+from ._modes import learned_count
 
 
 class SwitchOns(eqx.Module):
@@ -206,7 +206,7 @@ def switch_ons(
     elif lam0 is None:
         q = curves.shape[1]
     else:
-        q = learned_modes(curves[-1], np.array([[max(lam0, 0.0)]]))
+        q = learned_count(curves[-1], max(lam0, 0.0))
     cap = min(rank, curves.shape[1])
     if q > cap:
         raise ValueError(
