@@ -115,6 +115,7 @@ def test_three_engines_aligned_quadratic_net(quadratic):
     assert _rel(L_gd, L_lv, mask) < 1e-3
 
 
+@pytest.mark.slow
 def test_not_reducible_but_mflow_matches_w_space(quadratic):
     """A covariance that does not commute with M*: lv_reduce refuses (closed form
     and samples alike) and reports the violation; the M-space flow still tracks

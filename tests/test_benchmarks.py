@@ -213,6 +213,7 @@ def test_predict_cost_quick(tmp_path):
     assert np.isfinite(row["seconds"]["W-space"]) and row["seconds"]["W-space"] > 0
 
 
+@pytest.mark.slow
 def test_lv_reduce_cost_quick(tmp_path):
     """`lv_reduce_cost.py --quick` (p = 64, 128, n = 1000): the reduction and
     the previous implementation (the K-image of every mode) decide alike, and

@@ -543,6 +543,7 @@ def test_demo_mflow_agrees_with_lotka_volterra():
     np.testing.assert_allclose(ratio, 1, atol=0.04)
 
 
+@pytest.mark.slow
 def test_demo_config_solvers_and_their_deprecated_booleans():
     """`DemoConfig` takes diffrax solvers; its old booleans still work for one
     release, warn, and give the same configuration and numbers: the quick

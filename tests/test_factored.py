@@ -203,8 +203,8 @@ def test_predict_gives_the_factored_engine_its_weights(monkeypatch, raw):
     # takes `factor`, and M0 = W0 W0^T beside it; other engines get M0 alone
     seen = {}
 
-    def run(self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None):
-        seen["M0"], seen["factor"] = M0, factor
+    def run(self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None):
+        seen["M0"], seen["factor"] = M0, W0
         t = np.asarray(ts, np.float64)
         return nqfjax.experiments.engines.EngineRun(
             engine="mflow",

@@ -60,6 +60,7 @@ def test_fit_power_law_synthetic():
     assert exact.window == (1.0, 1e5)
 
 
+@pytest.mark.slow
 def test_fit_power_law_uncertainty_covers_truth():
     rng = np.random.default_rng(1)
     zs = []

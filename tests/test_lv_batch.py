@@ -466,6 +466,7 @@ def _grad_loss(params, weights, atol, dtype=jnp.float64, **kw):
     return value, sol
 
 
+@pytest.mark.slow
 def test_gradient_against_finite_differences():
     """`jax.grad` through `solve_lv_batch` (the discrete adjoint: the accepted
     steps held fixed) against central differences along three random directions

@@ -153,6 +153,7 @@ def test_schedule_mflow_matches_w_space(whitened):
     assert np.max(np.abs(np.asarray(s_d - s_c))) > 0.3 * ETA
 
 
+@pytest.mark.slow
 def test_lv_on_the_clock_matches_mflow(whitened):
     """From an init aligned with the modes the reduction is exact, on any clock."""
     structure, xs, ys, task, lv_unit, basis = whitened

@@ -104,6 +104,7 @@ def digits():
     return nqfjax.Perceptron(d=12, k=10), xs, ys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [2])
 def test_never_more_switch_ons_than_units(digits, width):
     """Nine modes are there to learn; `M = W W^T` of `width` units has rank at

@@ -109,6 +109,7 @@ def _check_rate(errors, ns):
 NS = np.array([250, 2000, 16000])
 
 
+@pytest.mark.slow
 def test_sampled_quadratic_converges_to_gaussian_closed_form():
     """Quadratic network, x ~ N(0, S), indefinite teacher M*: task_from_samples
     converges to gaussian_quadratic_task at the rate n^-1/2."""

@@ -201,9 +201,10 @@ def factor_of(M0: Float[ArrayLike, "p p"]) -> Float[np.ndarray, "p r"]:
 
 
 def accepts_factor(engine: "AbstractEngine") -> bool:
-    """Whether `engine.run` takes the keyword `factor` (the initial weights)."""
+    """Whether `engine.run` takes the keyword `W0` (the initial weights, a
+    `(p, r)` factor of `M0`)."""
     try:
-        return "factor" in inspect.signature(engine.run).parameters
+        return "W0" in inspect.signature(engine.run).parameters
     except (TypeError, ValueError):  # pragma: no cover
         return False
 
@@ -246,12 +247,12 @@ class FactoredMFlowEngine(AbstractEngine):
         )
 
     def run(
-        self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None
     ) -> EngineRun:
-        """The flow from `factor` (shape `(p, r)`, with `factor @ factor.T =
+        """The flow from `W0` (shape `(p, r)`, with `W0 @ W0.T =
         M0`; `predict` passes its initial weights), or from the factor of `M0`
         by `eigh` (`factor_of`) when `None`; `M0` is not read then."""
-        W0 = factor_of(M0) if factor is None else factor
+        W0 = factor_of(M0) if W0 is None else W0
         W0 = jnp.asarray(W0, jnp.result_type(task.dtype, jnp.asarray(W0).dtype))
         sol = self.solve(task, W0, ts, learning_rate, weight_decay)
         W = np.asarray(sol.ys, np.float64)
@@ -441,9 +442,9 @@ class AutoEngine(AbstractEngine):
                 )
 
     def run(
-        self, task, M0, ts, learning_rate, weight_decay=0.0, *, factor=None
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None
     ) -> EngineRun:
-        """`factor`: the initial weights (`factor @ factor.T = M0`), if known."""
+        """`W0`: the initial weights (`W0 @ W0.T = M0`), if known."""
         try:
             return self.lv.run(task, M0, ts, learning_rate, weight_decay)
         except NotReducibleError as e:
@@ -452,11 +453,11 @@ class AutoEngine(AbstractEngine):
                 f"{e.violation:.3g} > tol {e.tol:.3g})"
             )
             violation = e.violation
-        W0 = factor_of(M0) if factor is None else factor
+        W0 = factor_of(M0) if W0 is None else W0
         r, p = np.shape(W0)[1], task.p
         if r < p:
             run = self.factored.run(
-                task, M0, ts, learning_rate, weight_decay, factor=W0
+                task, M0, ts, learning_rate, weight_decay, W0=W0
             )
             reason = (
                 f"M-space flow for the (p, r) = ({p}, {r}) factor of M0 "

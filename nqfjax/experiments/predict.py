@@ -325,7 +325,7 @@ def predict(
     ts = jnp.asarray(grid, dtype)
     eta = float(learning_rate)
     # the engines that integrate a factor start from the weights themselves
-    extra = {"factor": W0} if accepts_factor(engine) else {}
+    extra = {"W0": W0} if accepts_factor(engine) else {}
     run = engine.run(task, M0, ts, eta, weight_decay, **extra)
 
     # never more modes than the rank of M = W W^T allows
