@@ -19,7 +19,10 @@ Each row times, at the same horizon and 100 log-spaced records:
   `solve_lv` from `diag(U^T M0 U)`;
 - factored: `solve_mflow_factored(task, W0, ts, eta)` (its defaults: Tsit5),
   the flow of the `(p, m)` factor from the weights themselves (the prediction of
-  `predict`'s automatic choice when `m < p`), and the loss along it.
+  `predict`'s automatic choice when `m < p`), and the loss along it;
+- predict: what `predict`'s automatic choice pays in all, the factored flow
+  plus `lv_reduce(task)`'s refusal of these data (tried first; timed once,
+  compilation included), `W/pred` = W-space over that sum.
 
 The M-flow and LV columns cost `O(p^3)` per step (and `lv_reduce` `O(p^3)`
 once): they are timed up to `--dense-max-p` (default 512) and left out above.
@@ -168,11 +171,21 @@ def _engines(structure, eta, num_steps, record, xs, ys, ts, W0, task, dense):
     return engines, reduce_s
 
 
+def _refused(task) -> None:
+    """`lv_reduce(task)`, which `predict` tries first: it must refuse."""
+    try:
+        nqfjax.lv_reduce(task)
+    except nqfjax.NotReducibleError:
+        return
+    raise SystemExit("lv_reduce accepted the correlated inputs")
+
+
 def one_size(
     n: int, p: int, repeats: int, w_budget: float, probe_steps: int, dense: bool
 ) -> dict:
     xs, ys, structure, eta, num_steps, record, ts, W0 = _setup(n, p)
     task_s, task = time_call(lambda: nqfjax.task_from_samples(structure, xs, ys))
+    refusal_s, _ = time_call(lambda: _refused(task))
 
     # W-space: a first timed probe decides between the full horizon and the
     # linear extrapolation of probe_steps steps (constant cost per GD step)
@@ -223,6 +236,8 @@ def one_size(
             None if reduce_s is None else med["W-space"] / (med["LV"] + reduce_s)
         ),
         "W_over_factored": over("factored"),
+        "refusal_seconds": refusal_s,
+        "W_over_predict": med["W-space"] / (med["factored"] + refusal_s),
         "mflow_vs_W_max_dlogL": (
             None if extrapolated or not dense else dlog("W-space", "M-flow")
         ),
@@ -315,6 +330,7 @@ def _print_row(row: dict) -> None:
         f"{row['n']:>6} {row['p']:>5} {row['steps']:>6} {cell(s['W-space']):>9} "
         f"{cell(s['factored']):>9} {cell(s.get('M-flow')):>9} "
         f"{cell(s.get('LV')):>9} {cell(row['lv_reduce_seconds']):>9}  "
+        f"{cell(row['refusal_seconds']):>9} {x(row['W_over_predict'], '.1f'):>8} "
         f"{x(row['W_over_factored'], '.1f'):>8} {x(row['W_over_mflow'], '.2f'):>8} "
         f"{x(row['W_over_lv'], '.1f'):>8} "
         f"{'n/a' if dlog is None else f'{dlog:.3f}':>6} "
@@ -375,7 +391,8 @@ def main(argv=None) -> dict:
     )
     header = (
         f"{'n':>6} {'p':>5} {'steps':>6} {'W-space':>9} {'factored':>9} "
-        f"{'M-flow':>9} {'LV':>9} {'lv_reduce':>9}  {'W/fact':>8} {'W/M-flow':>8} "
+        f"{'M-flow':>9} {'LV':>9} {'lv_reduce':>9}  {'refusal':>9} {'W/pred':>8} "
+        f"{'W/fact':>8} {'W/M-flow':>8} "
         f"{'W/LV':>8} {'dlogL':>6} {'F/M steps':>11} {'peak mem':>8}  load"
     )
     print(header)

@@ -168,12 +168,14 @@ def test_predict_agreement_quick(tmp_path):
         # real data do not reduce: the flow is used, and says by how much
         assert row["engine"] == "mflow" and row["violation"] > 0.05
         # the flow against GD on the same network's quadratic form: only the
-        # discretisation, a lag of about r/2 = 0.5% (measured <= 0.4%)
+        # discretisation, a lag of about r/4 = 0.25% (measured <= 0.4%)
         errors = np.asarray(row["quadratic_model"]["time_errors"])
         assert len(errors) >= 2 and np.all((errors > 0) & (errors < 0.01)), errors
         assert row["quadratic_model"]["log_loss_departure"] < 0.02
-        # the approximate LV system reports the same residual as the flow
-        assert row["approximate_lv"]["violation"] == pytest.approx(row["violation"])
+        # the flow's engine reports lv_reduce's refusal at the first step of the
+        # basis search, a lower bound of the violation the approximate LV
+        # system measures with the whole search
+        assert row["violation"] <= row["approximate_lv"]["violation"]
     # the real tanh perceptron on iris at width 64: within the 5% criterion
     # (measured +0.26%, +1.55%, 0.014 in log loss)
     assert iris["passed"] and max(map(abs, iris["time_errors"])) < 0.05
@@ -215,14 +217,16 @@ def test_predict_cost_quick(tmp_path):
 
 @pytest.mark.slow
 def test_lv_reduce_cost_quick(tmp_path):
-    """`lv_reduce_cost.py --quick` (p = 64, 128, n = 1000): the reduction and
-    the previous implementation (the K-image of every mode) decide alike, and
-    the estimated violation of the data that do not reduce is within the
-    documented spread of the exact one (measured 0.98-0.99 here)."""
+    """`lv_reduce_cost.py --quick` (p = 64, 128, n = 1000): the whitened data
+    reduce and the raw are refused, and the K part of the violation that the
+    whole search estimates from probes is within the documented spread of the
+    exact one (the K-image of every mode; measured 0.98-0.99 here), with the
+    first step's refusal no larger than the whole violation."""
     result = run_quick("lv_reduce_cost.py", tmp_path)
     rows = result["rows"]
     assert len(rows) == 8 and all(row["old_measured"] for row in rows)
     for row in rows:
         assert row["reduced"] == (row["case"] == "whitened")
         if not row["reduced"]:
-            assert 0.5 < row["violation"] / row["old_violation"] < 1.5
+            assert 0.5 < row["k_part"] / row["old_k_part"] < 1.5
+            assert row["violation"] > 1e-3

@@ -90,7 +90,9 @@ def test_engines_where_the_data_do_not_reduce(raw):
     np.testing.assert_array_equal(auto.switch_times, flow.switch_times)
     approx = _predict(raw, engine=nqfjax.ApproximateLVEngine())
     assert approx.engine == "approximate_lv"
-    assert 0.1 < float(approx.violation) == pytest.approx(float(auto.violation))
+    # auto stops at the first step of the basis search: a lower bound of the
+    # violation the approximate engine measures with the whole search
+    assert 0.1 < float(auto.violation) <= float(approx.violation)
     # the C-eigenbasis system is not the flow, but close on this small problem
     agree = nqfjax.agreement(flow, approx, num_switches=1)
     assert np.all(np.abs(np.asarray(agree.time_errors)) < 0.3)

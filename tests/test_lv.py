@@ -16,6 +16,7 @@ import scipy.integrate
 
 import nqfjax
 from nqfjax import NotReducibleError
+from nqfjax.engines.reduction import measure_reduction
 
 
 P, NT, TOL = 5, 64, 1e-10
@@ -697,10 +698,40 @@ def _whitened_perceptron(rng, n=500, d=9, k=3):
 
 
 def _violation(task, **kw):
-    """lv_reduce's measured violation (it reports it when it refuses)."""
-    with pytest.raises(NotReducibleError) as info:
-        nqfjax.lv_reduce(task, tol=0.0, **kw)
-    return info.value.violation
+    """The K part of lv_reduce's violation (the probes' estimate above
+    `num_probes`), from the whole search."""
+    return measure_reduction(task, early=False, **kw).k_part
+
+
+def test_refused_at_the_first_step(monkeypatch):
+    """Data that do not reduce are refused after one application of K (the
+    first step of the basis search: K of a combination of C's eigenprojectors
+    does not commute with C), before the mode couplings are computed; the error
+    carries that part of the violation, the same number the whole search
+    measures as its `first_step`, and no more than its full violation. An exact
+    reduction's first step is at roundoff. Standardised wine (p = 16) and
+    quadratic tasks rotated away from commuting, float64."""
+    from sklearn.datasets import load_wine
+
+    X, Y = _standardised(load_wine().data, load_wine().target, 3)
+    tasks = [nqfjax.task_from_samples(nqfjax.Perceptron(d=13, k=3), X, Y)]
+    tasks += [
+        _quadratic_commuting(np.random.default_rng(5), theta=t) for t in (0.01, 0.1)
+    ]
+    for task in tasks:
+        full = measure_reduction(task, early=False)
+        assert full.first_step > 1e-3 and full.violation >= full.first_step
+        with monkeypatch.context() as m:
+            m.setattr(type(task), "mode_couplings", _never)
+            with pytest.raises(NotReducibleError, match="first step") as info:
+                nqfjax.lv_reduce(task)
+        assert info.value.violation == pytest.approx(full.first_step, rel=1e-12)
+    exact = measure_reduction(_whitened_perceptron(np.random.default_rng(3)))
+    assert exact.violation < 1e-12 and exact.first_step < 1e-13
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("mode_couplings called after a refusal at the first step")
 
 
 def test_mode_couplings_equal_the_k_images():

@@ -157,7 +157,11 @@ def test_batch_hooks_match_A(structure, getkey):
 @eqx.filter_jit
 def _factored_hooks(structure, xs, W, c):
     base = nqfjax.AbstractStructure
+    # the modes' outputs F[(s, j), l] = Tr[A_j(x_s) w_l w_l^T], through `contract`
+    F = jax.vmap(lambda w: structure.contract(xs, jnp.outer(w, w)))(W.T)
+    F = F.reshape(W.shape[1], -1)
     return dict(
+        mode_gram=(structure.mode_gram(xs, W), F @ F.T),
         contract_factor=(
             structure.contract_factor(xs, W),
             base.contract_factor(structure, xs, W),
@@ -175,7 +179,9 @@ def test_factored_hooks_match_the_defaults(structure, r, getkey):
     """The closed-form factored hooks of the factored M-space flow,
     `contract_factor(xs, W)_sj = Tr[A_j(x_s) W W^T]` and
     `weighted_apply(xs, c, W) = sum_sj c_sj A_j(x_s) W`, against the defaults
-    (through `contract(xs, W W^T)` and `weighted_sum(xs, c) @ W`), float64."""
+    (through `contract(xs, W W^T)` and `weighted_sum(xs, c) @ W`), and
+    `mode_gram(xs, W)` against F^T F with the columns' outputs from `contract`,
+    float64."""
     b = 5
     xs = jnp.stack([random_input(structure, getkey()) for _ in range(b)])
     W = jax.random.normal(getkey(), (structure.p, r), jnp.float64)

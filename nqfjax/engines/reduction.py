@@ -5,6 +5,7 @@ Eager numerical linear algebra (numpy, float64) on top of the task's matrix-free
 """
 
 import warnings
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -131,18 +132,23 @@ def _eigh(A: np.ndarray, vectors: bool = True):
 
 def _refine(U, clusters, H, rel):
     """Within each cluster of columns of `U`, rotate to diagonalise `H` restricted
-    there and split the cluster by the eigenvalues of that restriction."""
-    scale = np.max(np.abs(_eigh(H, vectors=False))) if H.size else 0.0
+    there and split the cluster by the eigenvalues of that restriction, at `rel`
+    times the largest of them all (the eigenvalues of `H` itself when `H` is
+    block-diagonal in the clusters, as it is where the task reduces)."""
+    single = np.array([c[0] for c in clusters if len(c) == 1], int)
+    blocks = []
+    for idx in clusters:
+        if len(idx) > 1:
+            Q = U[:, idx]
+            h = Q.T @ H @ Q
+            blocks.append((idx, Q, *_eigh(0.5 * (h + h.T))))
+    values = [np.sum(U[:, single] * (H @ U[:, single]), axis=0)]
+    values += [w for _, _, w, _ in blocks]
+    scale = max((np.max(np.abs(v)) for v in values if v.size), default=0.0)
     if scale == 0.0:
         return U, clusters, False
-    split_any, new = False, []
-    for idx in clusters:
-        if len(idx) == 1:
-            new.append(idx)
-            continue
-        Q = U[:, idx]
-        h = Q.T @ H @ Q
-        w, R = _eigh(0.5 * (h + h.T))
+    split_any, new = False, [c for c in clusters if len(c) == 1]
+    for idx, Q, w, R in blocks:
         U[:, idx] = Q @ R
         parts = _split(w, rel * scale)
         split_any |= len(parts) > 1
@@ -150,29 +156,57 @@ def _refine(U, clusters, H, rel):
     return U, new, split_any
 
 
-def _shared_basis(task, C, dtype, rel, seed):
+def _block_violation(U, clusters, H) -> float:
+    """`|off-block(U^T H U)|_F / |H|_F`: the part of `H` that couples different
+    clusters of columns of `U` (zero when `H` commutes with every projector onto
+    a cluster)."""
+    label = np.empty(U.shape[1], int)
+    for i, c in enumerate(clusters):
+        label[c] = i
+    Ht = U.T @ H @ U
+    h = np.linalg.norm(H)
+    off = np.linalg.norm(Ht[label[:, None] != label[None, :]])
+    return float(off / h) if h > 0 else 0.0
+
+
+def _shared_basis(task, C, dtype, rel, seed, tol=np.inf):
     """An orthonormal basis diagonalising `C` in which, if the task reduces, `K`
-    keeps the diagonal matrices diagonal. Degenerate eigenspaces of `C` are split
-    by the K-images of the projectors onto the eigenspaces found so far (which
-    are diagonal in every valid basis), and what remains degenerate is rotated to
-    diagonalise the K-image of a random matrix block-diagonal in the clusters
-    (one random draw shared by all clusters, so paired modes such as
-    (a, b)/sqrt2 and (a, -b)/sqrt2 in the perceptron come out paired)."""
+    keeps the diagonal matrices diagonal, and the block violation of its first
+    step. Degenerate eigenspaces of `C` are split by the K-images of the
+    projectors onto the eigenspaces found so far (which are diagonal in every
+    valid basis), and what remains degenerate is rotated to diagonalise the
+    K-image of a random matrix block-diagonal in the clusters (one random draw
+    shared by all clusters, so paired modes such as (a, b)/sqrt2 and
+    (a, -b)/sqrt2 in the perceptron come out paired).
+
+    The first step is also a test: if the task reduces, the K-image of any
+    combination of the eigenprojectors of `C` is diagonal in the shared basis,
+    so it commutes with `C` and has no part between two eigenspaces. When that
+    part (`_block_violation`, relative) exceeds `tol` the search stops there:
+    the task does not reduce, whatever the rest would find.
+
+    **Returns:** `(U, block_violation, refused)`."""
     p = C.shape[0]
     w, U = _eigh(C)
     scale = max(np.max(np.abs(w)), np.finfo(np.float64).tiny)
     clusters = _split(w, rel * scale)
     rng = np.random.default_rng(seed)
+    block = None
     for _ in range(2 * p):
-        if all(len(c) == 1 for c in clusters):
-            break
         # invariant images: sum_V w_V K[P_V] over the clusters V, random weights,
         # as one application of K to sum_V w_V P_V = U diag(w) U^T (O(p^3))
         weights = np.empty(p)
         for c, w in zip(clusters, rng.standard_normal(len(clusters)), strict=True):
             weights[c] = w
         H = _apply_K(task, ((U * weights) @ U.T)[None], dtype)[0]
-        U, clusters, split = _refine(U, clusters, 0.5 * (H + H.T), rel)
+        H = 0.5 * (H + H.T)
+        if block is None:
+            block = _block_violation(U, clusters, H)
+            if not block <= tol:
+                return U, block, True
+        if all(len(c) == 1 for c in clusters):
+            break
+        U, clusters, split = _refine(U, clusters, H, rel)
         if split:
             continue
         # still degenerate: the K-image of a random block-diagonal matrix
@@ -185,7 +219,18 @@ def _shared_basis(task, C, dtype, rel, seed):
         U, clusters, split = _refine(U, clusters, 0.5 * (H + H.T), rel)
         if not split:
             break
-    return U
+    return U, block, False
+
+
+def _check_task(task, *args):
+    if not isinstance(task, Task):
+        raise ValueError(f"`task` must be a Task, got {type(task)}.")
+    if not is_concrete(task, *args):
+        raise ValueError(
+            "`lv_reduce` runs eagerly (it searches for a basis with numpy); call it "
+            "outside jax.jit/vmap/grad. For power-law tasks use "
+            "`task.lotka_volterra()`, which traces."
+        )
 
 
 @renamed_keywords(eta="learning_rate")
@@ -223,28 +268,34 @@ def lv_reduce(
     whose modes are $(a_s, \pm b_s)/\sqrt2$ from the SVD of $E[y x^\top]$).
     Modes are ordered by decreasing `r`.
 
-    The check: the relative violation is the larger of
-    $\big(\sum_l \|\mathrm{off}(U^\top K[u_l u_l^\top] U)\|_F^2 /
-    \sum_l \|K[u_l u_l^\top]\|_F^2\big)^{1/2}$ and
-    $\|\mathrm{off}(U^\top C U)\|_F / \|C\|_F$, where `off` drops the diagonal;
-    0 means an exact reduction. The denominator is $\|D\|_F^2$ plus the
-    numerator. For `p <= num_probes` the numerator is exact (the `K`-image of
-    every mode); above, it is estimated as the mean over `num_probes` random
-    sign vectors $g$ (drawn from `seed`) of
-    $\|\mathrm{off}(U^\top K[U \mathrm{diag}(g) U^\top] U)\|_F^2$, which is
-    unbiased (the cross terms have mean zero) and exactly 0 when the task
-    reduces, so exact reductions are still accepted at roundoff. Relative
-    spread of the estimated violation about 20% at the default 8 probes
-    (measured, ratio to the exact value over 20 seeds: standard deviation
-    0.06-0.18, extremes 0.54 and 1.36, on perceptrons on real data and rotated
-    quadratic tasks); far below or above `tol` the decision does not depend on
-    it.
+    The check: the relative violation is the largest of $\big(\sum_l
+    \|\mathrm{off}(U^\top K[u_l u_l^\top] U)\|_F^2 / \sum_l \|K[u_l
+    u_l^\top]\|_F^2\big)^{1/2}$, $\|\mathrm{off}(U^\top C U)\|_F / \|C\|_F$, where
+    `off` drops the diagonal, and the first step's: $H = K[\sum_V w_V P_V]$ for the
+    eigenprojectors $P_V$ of `C` and random weights $w_V$ must commute with `C` (it
+    is diagonal in any shared basis), so its part between different eigenspaces of
+    `C`, relative to $\|H\|_F$, must vanish. 0 means an exact reduction. When that
+    first part alone exceeds `tol` the search stops there and `NotReducibleError`
+    carries it (a lower bound of the full violation): real data are refused after
+    one `eigh` of `C` and one application of `K`. The K part's denominator is
+    $\|D\|_F^2$ plus its numerator. For `p <= num_probes` the numerator is exact
+    (the `K`-image of every mode); above, it is estimated as the mean over
+    `num_probes` random sign vectors $g$ (drawn from `seed`) of
+    $\|\mathrm{off}(U^\top K[U \mathrm{diag}(g) U^\top] U)\|_F^2$, which is unbiased
+    (the cross terms have mean zero) and exactly 0 when the task reduces, so exact
+    reductions are still accepted at roundoff. Relative spread of the estimated
+    violation about 20% at the default 8 probes (measured, ratio to the exact value
+    over 20 seeds: standard deviation 0.06-0.18, extremes 0.54 and 1.36, on
+    perceptrons on real data and rotated quadratic tasks); far below or above `tol`
+    the decision does not depend on it.
 
     Cost: `eigh` of `C` and the basis search, `O(p^3)` with one application of
-    `K` per refinement; `task.mode_couplings(U, probes)` for $D$ and the
-    probes' images (`SampledTask`: one pass over the samples, `O(n k p^2)`,
-    no `K` application); one `O(p^3)` product per probe. The previous
-    implementation applied `K` to every mode (`O(p)` applications, `O(p^4)`).
+    `K` per refinement (a refusal stops after the first);
+    `task.mode_couplings(U, probes)` for $D$ and the probes' images
+    (`SampledTask`: one pass over the samples, `O(n d p + n p^2)` for the
+    readout structures' closed-form `mode_gram`, `O(n k p^2)` otherwise, no `K`
+    application); one `O(p^3)` product per probe. The previous implementation
+    applied `K` to every mode (`O(p)` applications, `O(p^4)`).
 
     Eager only: `lv_reduce` runs numpy linear algebra (float64; `K` and the
     couplings in the task's dtype) on concrete arrays; under `jax.jit`, `vmap`,
@@ -277,14 +328,7 @@ def lv_reduce(
     the violation exceeds `tol`; `ValueError` for `num_probes < 1`, a deprecated
     `learning_rate <= 0` or `weight_decay < 0`, or traced arguments.
     """
-    if not isinstance(task, Task):
-        raise ValueError(f"`task` must be a Task, got {type(task)}.")
-    if not is_concrete(task, learning_rate, weight_decay):
-        raise ValueError(
-            "`lv_reduce` runs eagerly (it searches for a basis with numpy); call it "
-            "outside jax.jit/vmap/grad. For power-law tasks use "
-            "`task.lotka_volterra()`, which traces."
-        )
+    _check_task(task, learning_rate, weight_decay)
     if learning_rate is not None or weight_decay is not None:
         warnings.warn(
             "lv_reduce(task, learning_rate, weight_decay) is deprecated: "
@@ -300,26 +344,104 @@ def lv_reduce(
         raise ValueError(f"`learning_rate` must be > 0 and finite, got {eta_f}.")
     if not (np.isfinite(lam_f) and lam_f >= 0):
         raise ValueError(f"`weight_decay` must be >= 0 and finite, got {lam_f}.")
+    red = measure_reduction(
+        task,
+        tol,
+        degeneracy_tol=degeneracy_tol,
+        seed=seed,
+        num_probes=num_probes,
+        learning_rate=eta_f,
+        weight_decay=lam_f,
+    )
+    if not red.violation <= red.tol:
+        raise NotReducibleError(red.message, red.violation, red.tol)
+    return red.lv, red.basis
+
+
+class Reduction(NamedTuple):
+    """What `measure_reduction` found (`lv_reduce` raises unless
+    `violation <= tol`).
+
+    - `lv`, `basis`: the system and its basis (the eigenbasis of `C`, completed
+      by the search), or `None` when the search stopped at its first step.
+    - `violation`: the relative violation of commutation (see `lv_reduce`); a
+      lower bound of the full one when refused at the first step.
+    - `tol`: the tolerance it was held to.
+    - `message`: why the task does not reduce ("" when it does).
+    - `first_step`, `k_part`, `c_part`: the three parts of the violation (`nan`
+      where not measured: the last two after a refusal at the first step).
+    """
+
+    lv: LotkaVolterra | None
+    basis: Array | None
+    violation: float
+    tol: float
+    message: str
+    first_step: float = float("nan")
+    k_part: float = float("nan")
+    c_part: float = float("nan")
+
+
+def measure_reduction(
+    task,
+    tol: float | None = None,
+    *,
+    degeneracy_tol: float | None = None,
+    seed: int = 0,
+    num_probes: int = 8,
+    early: bool = True,
+    learning_rate: float = 1.0,
+    weight_decay: float = 0.0,
+) -> Reduction:
+    """`lv_reduce` without raising: the system, its basis and the measured
+    violation, in one search (the engines read the violation of an accepted
+    reduction, and the approximate engine the system of a refused one). With
+    `early`, a violation of the first step's necessary condition above `tol`
+    stops the search there (`lv` and `basis` are `None`); without it, the whole
+    search and every part of the violation are computed whatever `tol`.
+    `task` must be a concrete `Task`; the other arguments are
+    `lv_reduce`'s, checked there."""
+    _check_task(task)
     num_probes = static_int("num_probes", num_probes, 1)
     dtype = jnp.dtype(task.dtype)
     if tol is None:
         tol = 1e-6 if dtype == jnp.float64 else 1e-3
+    tol = float(tol)
     if degeneracy_tol is None:
         degeneracy_tol = float(np.sqrt(np.finfo(dtype).eps))
+    eta_f, lam_f = float(learning_rate), float(weight_decay)
 
     known = task.known_reduction(eta_f, lam_f)
     if known is not None:
-        return known
+        return Reduction(*known, 0.0, tol, "", 0.0, 0.0, 0.0)
 
     C = np.asarray(task.C, np.float64)
     if not np.all(np.isfinite(C)):
         raise ValueError("`task.C` contains NaN or inf.")
     C = 0.5 * (C + C.T)
     p = C.shape[0]
-    U = _shared_basis(task, C, dtype, degeneracy_tol, seed)
+    U, block, refused = _shared_basis(
+        task, C, dtype, degeneracy_tol, seed, tol if early else np.inf
+    )
+    why = (
+        "The data matrices do not share an eigenbasis; use solve_mflow, which "
+        "applies to any task."
+    )
+    if refused:
+        return Reduction(
+            None,
+            None,
+            block,
+            tol,
+            "The task does not reduce to a Lotka-Volterra system: K maps the "
+            "eigenprojectors of C to a matrix that does not commute with C "
+            f"(relative violation {block:.3g} > tol {tol:.3g}, measured on the "
+            f"first step of the basis search). {why}",
+            first_step=block,
+        )
 
     # Order by decreasing growth rate; fix signs (largest entry positive).
-    c_diag = np.einsum("ik,ij,jk->k", U, C, U)
+    c_diag = np.sum(U * (C @ U), axis=0)  # BLAS, not a three-operand einsum
     order = np.argsort(-c_diag, kind="stable")
     U, c_diag = U[:, order], c_diag[order]
     signs = np.sign(U[np.argmax(np.abs(U), axis=0), np.arange(p)])
@@ -328,23 +450,21 @@ def lv_reduce(
     Uj = jnp.asarray(U, dtype)
     D, off_sq, estimated = _couplings_and_violation(task, U, Uj, num_probes, seed)
     tot_sq = float(np.sum(D**2)) + off_sq  # sum_l |K[u_l u_l^T]|_F^2
-    viol_K = np.sqrt(off_sq / tot_sq) if tot_sq > 0 else 0.0
+    viol_K = float(np.sqrt(off_sq / tot_sq)) if tot_sq > 0 else 0.0
     Ct = U.T @ C @ U
     c_norm = np.linalg.norm(C)
     viol_C = np.linalg.norm(Ct - np.diag(np.diag(Ct))) / c_norm if c_norm > 0 else 0.0
-    violation = float(max(viol_K, viol_C))
-    if not violation <= tol:
-        how = f" estimated from {num_probes} random probes" if estimated else ""
-        raise NotReducibleError(
-            f"The task does not reduce to a Lotka-Volterra system: K does not keep "
-            f"the diagonal matrices of the eigenbasis of C diagonal (relative "
-            f"violation {violation:.3g} > tol {tol:.3g}; K part {viol_K:.3g}"
-            f"{how}, C part {viol_C:.3g}). The data matrices do not share an "
-            "eigenbasis; use "
-            "solve_mflow, which applies to any task.",
-            violation,
-            tol,
-        )
+    viol_C = float(viol_C)
+    violation = float(max(viol_K, viol_C, block))
+    how = f" estimated from {num_probes} random probes" if estimated else ""
+    message = (
+        ""
+        if violation <= tol
+        else "The task does not reduce to a Lotka-Volterra system: K does not keep "
+        "the diagonal matrices of the eigenbasis of C diagonal (relative "
+        f"violation {violation:.3g} > tol {tol:.3g}; K part {viol_K:.3g}{how}, "
+        f"C part {viol_C:.3g}, first step {block:.3g}). {why}"
+    )
     B = 4.0 * eta_f * 0.5 * (D + D.T)
     y2 = float(np.asarray(task.y2))
     lv = LotkaVolterra(
@@ -354,4 +474,4 @@ def lv_reduce(
         loss_scale=jnp.asarray(1.0 / (4.0 * eta_f), dtype),
         loss_offset=jnp.asarray(0.5 * y2, dtype),
     )
-    return lv, Uj
+    return Reduction(lv, Uj, violation, tol, message, block, viol_K, viol_C)

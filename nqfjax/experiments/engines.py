@@ -31,9 +31,10 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from ..engines._integrate import Solution
-from ..engines.lv import NotReducibleError, lv_reduce, solve_lv
+from ..engines.lv import NotReducibleError, solve_lv
 from ..engines.mflow import solve_mflow
 from ..engines.mflow_factored import solve_mflow_factored
+from ..engines.reduction import Reduction, measure_reduction
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._modes import learned_count, learned_modes
@@ -274,16 +275,6 @@ class FactoredMFlowEngine(AbstractEngine):
         )
 
 
-def _exact_violation(task):
-    """The violation of an accepted reduction, measured again at `tol = 0`
-    (`lv_reduce` reports it only when it refuses)."""
-    try:
-        lv_reduce(task, tol=0.0)
-    except NotReducibleError as e:
-        return e.violation
-    return 0.0
-
-
 def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> EngineRun:
     """`solve_lv` from $m_0 = \\mathrm{diag}(U^\\top M_0 U)$; the modes are the
     columns of the basis, by decreasing last value."""
@@ -302,12 +293,12 @@ def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> En
     )
 
 
-def _exact_lv_run(engine, task, M0, ts, eta, weight_decay, lv, basis) -> EngineRun:
-    violation = _exact_violation(task)
+def _exact_lv_run(engine, M0, ts, eta, weight_decay, red: Reduction) -> EngineRun:
+    violation = red.violation
     return _solve_lv_run(
         _options(engine),
-        lv,
-        basis,
+        red.lv,
+        red.basis,
         M0,
         ts,
         eta,
@@ -360,8 +351,10 @@ class LVEngine(AbstractEngine):
 
     def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
         """**Raises:** `NotReducibleError` where the data do not reduce."""
-        lv, basis = lv_reduce(task, tol=self.tol)
-        return _exact_lv_run(self, task, M0, ts, learning_rate, weight_decay, lv, basis)
+        red = measure_reduction(task, self.tol)
+        if not red.violation <= red.tol:
+            raise NotReducibleError(red.message, red.violation, red.tol)
+        return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red)
 
 
 class ApproximateLVEngine(AbstractEngine):
@@ -386,25 +379,23 @@ class ApproximateLVEngine(AbstractEngine):
         _check_options(self)
 
     def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
-        eta = learning_rate
-        try:
-            lv, basis = lv_reduce(task, tol=self.tol)
-        except NotReducibleError as e:
-            lv, basis = lv_reduce(task, tol=np.inf)
-            return _solve_lv_run(
-                _options(self),
-                lv,
-                basis,
-                M0,
-                ts,
-                eta,
-                weight_decay,
-                engine="approximate_lv",
-                reason="approximate Lotka-Volterra system in the eigenbasis of C "
-                f"(violation of commutation {e.violation:.3g})",
-                violation=e.violation,
-            )
-        return _exact_lv_run(self, task, M0, ts, eta, weight_decay, lv, basis)
+        # the whole search whatever the tolerance: the system of a refused task
+        red = measure_reduction(task, self.tol, early=False)
+        if red.violation <= red.tol:
+            return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red)
+        return _solve_lv_run(
+            _options(self),
+            red.lv,
+            red.basis,
+            M0,
+            ts,
+            learning_rate,
+            weight_decay,
+            engine="approximate_lv",
+            reason="approximate Lotka-Volterra system in the eigenbasis of C "
+            f"(violation of commutation {red.violation:.3g})",
+            violation=red.violation,
+        )
 
 
 class AutoEngine(AbstractEngine):
@@ -456,9 +447,7 @@ class AutoEngine(AbstractEngine):
         W0 = factor_of(M0) if W0 is None else W0
         r, p = np.shape(W0)[1], task.p
         if r < p:
-            run = self.factored.run(
-                task, M0, ts, learning_rate, weight_decay, W0=W0
-            )
+            run = self.factored.run(task, M0, ts, learning_rate, weight_decay, W0=W0)
             reason = (
                 f"M-space flow for the (p, r) = ({p}, {r}) factor of M0 "
                 f"(rank {r} < p): {refused}"

@@ -92,7 +92,7 @@ def default_hyperparameters(
 ) -> tuple[float, int]:
     r"""`(learning_rate, num_steps)` for a prediction: the rate that makes the
     fastest linear growth rate $r_1 = 4\eta\lambda_1(C) = 0.01$ per step (small,
-    so that gradient descent follows the flow to about $r/2 = 0.5\%$), and a
+    so that gradient descent lags the flow by about $r/4 = 0.25\%$), and a
     horizon of $2.5 \ln(1/\sigma^2) / r_j$ steps, with $r_j$ the growth rate of
     the `num_switches`-th positive eigenvalue of `C` (the last mode of interest
     then switches on about 40% of the way)."""

@@ -97,6 +97,19 @@ def readout_contract_factor(V, W, *, scale: float, k: int, r0: int, c0: int):
     return 2.0 * scale * V.astype(W.dtype) @ (Wc @ Wr.T)
 
 
+def readout_mode_gram(V, U, *, scale: float, k: int, r0: int, c0: int):
+    r"""`mode_gram` for $U_j(x) = s\, e_j v(x)^\top$: the outputs of mode `l`
+    are $F_{sj,l} = 2 s\, (V U_c)_{sl} (U_r)_{jl}$, so their Gram is
+    $4 s^2\, (U_r^\top U_r) \circ ((V U_c)^\top V U_c)$: `O(b n r + b r^2)`
+    for `V` of shape `(b, n)`, against `O(b k r^2)` for $F^\top F$.
+
+    **Returns:** shape `(r, r)`, in the dtype of `U`.
+    """
+    Ur, Uc = pair_factors(U, r0, k, c0, V.shape[1])
+    Z = V.astype(U.dtype) @ Uc
+    return (4.0 * scale**2) * (Ur.T @ Ur) * (Z.T @ Z)
+
+
 def readout_weighted_apply(V, c, W, *, scale: float, r0: int, c0: int):
     r"""`weighted_apply` for $U_j(x) = s\, e_j v(x)^\top$: with
     $G = s\, c^\top V$ (shape `(k, n)`), rows `r0 ..` get $G W_c$ and rows

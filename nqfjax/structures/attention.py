@@ -16,6 +16,7 @@ from ._blocks import (
     pair_part,
     readout_contract,
     readout_contract_factor,
+    readout_mode_gram,
     readout_weighted_apply,
     readout_weighted_sum,
 )
@@ -335,6 +336,10 @@ class OVAttention(AbstractStructure):
     def weighted_apply(self, xs, c, W):
         xbar = jnp.mean(check_batch(self, xs), axis=1)
         return readout_weighted_apply(xbar, c, W, scale=0.5, r0=0, c0=self.k)
+
+    def mode_gram(self, xs, U):
+        xbar = jnp.mean(check_batch(self, xs), axis=1)
+        return readout_mode_gram(xbar, U, scale=0.5, k=self.k, r0=0, c0=self.k)
 
     def sample_size(self):
         return (self.T + self.k) * self.d

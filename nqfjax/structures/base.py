@@ -237,6 +237,38 @@ class AbstractStructure(eqx.Module):
         """
         return self.weighted_sum(xs, c.astype(W.dtype)) @ W
 
+    def mode_gram(self, xs, U: Float[Array, "p r"]) -> Float[Array, "r r"]:
+        r"""The Gram matrix of the modes' outputs over a batch,
+        $\sum_s \sum_j F_{sj,l} F_{sj,m}$ with
+        $F_{sj,l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$ = `contract_factor(xs,
+        U[:, l:l+1])`: summed over the samples and divided by `n`, the mode
+        couplings $D_{lm} = \langle u_l u_l^\top, K[u_m u_m^\top] \rangle$ of
+        the Lotka-Volterra reduction (`Task.mode_couplings`).
+
+        The default forms `F` (shape `(b k, r)`), column by column through
+        `contract_factor`, and returns $F^\top F$ (`O(b k r^2)` on top of `F`);
+        a structure whose `F` factors overrides it (the readout structures:
+        $F_{sj,l} = 2 s\,(V U_c)_{sl} (U_r)_{jl}$, so the Gram is
+        $4 s^2 (U_r^\top U_r) \circ ((V U_c)^\top V U_c)$, `O(b n r + b r^2)`).
+
+        **Arguments:**
+
+        - `xs`: inputs, shape `(b, *input_shape)`.
+        - `U`: the modes as columns, shape `(p, r)`.
+
+        **Returns:** shape `(r, r)`, in the dtype of `U`.
+        """
+        (p, r), b = U.shape, xs.shape[0]
+        default = type(self).contract_factor is AbstractStructure.contract_factor
+        # per column: the (b, k) result, and the (p, p) product u u^T of the default
+        per_column = b * self.k + (p * p if default else p)
+        columns = max(1, min(r, 2**22 // per_column))
+        F = jax.lax.map(
+            lambda u: self.contract_factor(xs, u[:, None]), U.T, batch_size=columns
+        )  # (r, b, k)
+        F = F.reshape(r, -1)
+        return F @ F.T
+
     def sample_size(self) -> int:
         """How many numbers `contract` and `weighted_sum` hold per sample: sets
         the default chunk of samples in `task_from_samples`, so that the memory of

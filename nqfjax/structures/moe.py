@@ -14,6 +14,7 @@ from ._blocks import (
     pair_part,
     readout_contract,
     readout_contract_factor,
+    readout_mode_gram,
     readout_weighted_apply,
     readout_weighted_sum,
     slope_at_zero,
@@ -173,6 +174,14 @@ class MixtureOfExperts(AbstractStructure):
             return outer_weighted_apply(L, xs, W, scale=0.5 * self.slope, r0=0, c0=d)
         scale = 0.5 * self.slope / self.experts
         return readout_weighted_apply(xs, c, W, scale=scale, r0=d, c0=d + self.k)
+
+    def mode_gram(self, xs, U):
+        if self.gate == "factor":
+            return AbstractStructure.mode_gram(self, xs, U)
+        xs = check_batch(self, xs)
+        scale = 0.5 * self.slope / self.experts
+        d = self.d
+        return readout_mode_gram(xs, U, scale=scale, k=self.k, r0=d, c0=d + self.k)
 
     def sample_size(self):
         return self.d + self.k

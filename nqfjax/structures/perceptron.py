@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from ._blocks import (
     readout_contract,
     readout_contract_factor,
+    readout_mode_gram,
     readout_weighted_apply,
     readout_weighted_sum,
     slope_at_zero,
@@ -104,6 +105,12 @@ class Perceptron(AbstractStructure):
     def weighted_apply(self, xs, c, W):
         xs = check_batch(self, xs)
         return readout_weighted_apply(xs, c, W, scale=0.5 * self.slope, r0=0, c0=self.k)
+
+    def mode_gram(self, xs, U):
+        xs = check_batch(self, xs)
+        return readout_mode_gram(
+            xs, U, scale=0.5 * self.slope, k=self.k, r0=0, c0=self.k
+        )
 
     def sample_size(self):
         return self.k + self.d

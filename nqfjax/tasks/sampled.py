@@ -134,31 +134,35 @@ def _sum_over_chunks(block, xs, b, zero):
 
 
 @eqx.filter_jit
-def _sampled_couplings(structure, xs, U, G, batch_size):
-    r"""`D = F^T F / n` with $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$,
-    and $Z_i = \frac1n \sum_s \sum_j (F g_i)_{sj} A_j(x_s)$, in one pass."""
-    (p, r), N, k = U.shape, G.shape[1], structure.k
-    default = type(structure).contract_factor is AbstractStructure.contract_factor
-    # per column: the (b, k) result, and the (p, p) product W W^T of the default
-    per_column = batch_size * k + (p * p if default else p)
-    columns = max(1, min(r, 2**22 // per_column))
-
-    def block(xb):
-        def one(u):
-            return structure.contract_factor(xb, u[:, None])
-
-        F = jax.lax.map(one, U.T, batch_size=columns)  # (r, b, k)
-        F = jnp.moveaxis(F, 0, -1).reshape(-1, r)  # rows (s, j)
-        if N == 0:
-            return F.T @ F, jnp.zeros((0, p, p), U.dtype)
-        c = (F @ G).reshape(xb.shape[0], k, N)
-        Z = jax.vmap(lambda ci: structure.weighted_sum(xb, ci), in_axes=2)(c)
-        return F.T @ F, Z
-
-    zero = (jnp.zeros((r, r), U.dtype), jnp.zeros((N, p, p), U.dtype))
-    D, Z = _sum_over_chunks(block, xs, batch_size, zero)
+def _sampled_couplings(structure, xs, U, G, gram_batch, batch_size):
+    r"""`D = F^T F / n` with $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$
+    (the structure's `mode_gram`), and
+    $Z_i = \frac1n \sum_s \sum_j (F g_i)_{sj} A_j(x_s)$, in one pass: the
+    probe's outputs $F g = \mathrm{Tr}[A_j(x_s)\, U \mathrm{diag}(g) U^\top]$
+    are `contract_factor` of $U \mathrm{diag}(g_+)^{1/2}$ minus that of
+    $U \mathrm{diag}(g_-)^{1/2}$ (the positive and negative parts of `g`),
+    never `F` itself. The Gram in chunks of `gram_batch` samples (the default
+    `mode_gram` holds `F` of a chunk, `gram_batch * k * r` numbers), the probes
+    in chunks of the task's `batch_size` (what applying `K` holds)."""
+    (p, r), N = U.shape, G.shape[1]
     n = xs.shape[0]
-    return 0.5 * (D + D.T) / n, Z / n
+    zero = jnp.zeros((r, r), U.dtype)
+    D = _sum_over_chunks(lambda xb: structure.mode_gram(xb, U), xs, gram_batch, zero)
+    D = 0.5 * (D + D.T) / n
+    if N == 0:
+        return D, jnp.zeros((0, p, p), U.dtype)
+    plus = U[None] * jnp.sqrt(jnp.maximum(G, 0.0)).T[:, None, :]  # (N, p, r)
+    minus = U[None] * jnp.sqrt(jnp.maximum(-G, 0.0)).T[:, None, :]
+
+    def probes(xb):
+        def one(Wp, Wm):
+            c = structure.contract_factor(xb, Wp) - structure.contract_factor(xb, Wm)
+            return structure.weighted_sum(xb, c)
+
+        return jax.lax.map(lambda w: one(*w), (plus, minus))
+
+    zero = jnp.zeros((N, p, p), U.dtype)
+    return D, _sum_over_chunks(probes, xs, batch_size, zero) / n
 
 
 class SampledTask(Task):
@@ -215,16 +219,15 @@ class SampledTask(Task):
 
     def mode_couplings(self, U, probes=None):
         r"""`Task.mode_couplings` in one pass over the samples, through the
-        structure's hooks: $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$
-        by `contract_factor` (vmapped over the columns), then
-        $D = F^\top F / n$ and, for each probe $g_i$,
-        $Z_i = \frac1n \sum_{s,j} (F g_i)_{sj} A_j(x_s)$ by `weighted_sum`,
-        chunk by chunk of samples (`F` of a chunk: about `2^22` numbers). No `K`
-        application and no `p x p x r` product: `O(n k p r + n k r^2)` with the
-        built-in structures' closed forms, plus `O(N n k d)` for the probes."""
+        structure's hooks: $D = F^\top F / n$ with
+        $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$ by `mode_gram`
+        (closed form for the readout structures, `O(n d r + n r^2)`), and for
+        each probe $g_i$, $Z_i = \frac1n \sum_{s,j} (F g_i)_{sj} A_j(x_s)$,
+        its outputs by `contract_factor` and the sum by `weighted_sum`, chunk by
+        chunk of samples. No `K` application and no `p x p x r` product."""
         U, G = check_modes(self, U, probes)
         b = max(1, min(self.batch_size, 2**22 // (self.structure.k * U.shape[1])))
-        D, Z = _sampled_couplings(self.structure, self.xs, U, G, b)
+        D, Z = _sampled_couplings(self.structure, self.xs, U, G, b, self.batch_size)
         return D if probes is None else (D, Z)
 
     def gradient_factor(self, W):
