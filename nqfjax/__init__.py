@@ -108,6 +108,11 @@ from .experiments.switch_ons import (
     SwitchOns as SwitchOns,
     switch_ons as switch_ons,
 )
+from .experiments.validity import (
+    Validity as Validity,
+    leading_order_validity as leading_order_validity,
+    validity_of_run as validity_of_run,
+)
 from .progress import (
     AbstractProgressMeter as AbstractProgressMeter,
     NoProgressMeter as NoProgressMeter,

@@ -549,9 +549,9 @@ def _predict(args) -> None:
     )
     P = result.prediction
     print(f"nqfjax predict: {P.engine}: {P.reason}")
-    times = np.asarray(P.switch_times, float)
-    times = ", ".join(f"{t:.4g}" for t in times[np.isfinite(times)])
+    times = ", ".join(f"{t:.4g}" for t in np.asarray(P.switch_times) if t >= 0)
     print(f"  switch-on times (steps): {times or 'none within the horizon'}")
+    print(f"  validity: {P.validity.verdict}")
     a = result.agreement
     rows = [] if a is None else zip(a.predicted_times, a.measured_times, a.time_errors)
     for predicted, measured, err in rows:

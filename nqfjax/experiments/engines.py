@@ -38,6 +38,7 @@ from ..engines.reduction import Reduction, measure_reduction
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._modes import learned_count, learned_modes
+from .validity import factors_of, record_index
 
 
 class EngineRun(eqx.Module):
@@ -56,6 +57,11 @@ class EngineRun(eqx.Module):
     - `modes`: the learned modes (eigenvectors of the last `M`), shape `(p, q)`,
       by decreasing last value.
     - `mode_values`: their last values, shape `(q,)`.
+    - `factors`: the weights $W(t)$ (`W W^T = M(t)`) at the records
+      `factor_index` (`record_index`), shape `(R, p, m)`, for the departure of
+      the real layer from its quadratic form (`leading_order_validity`); `None`
+      when the engine gives none.
+    - `factor_index`: those records' indices into the times, shape `(R,)`.
     """
 
     engine: str = eqx.field(static=True)
@@ -65,6 +71,8 @@ class EngineRun(eqx.Module):
     mode_curves: Float[np.ndarray, "T q"]
     modes: Float[np.ndarray, "p q"]
     mode_values: Float[np.ndarray, " q"]
+    factors: Float[np.ndarray, "R p m"] | None = None
+    factor_index: np.ndarray | None = None
 
 
 def _check_options(engine) -> None:
@@ -170,11 +178,17 @@ class MFlowEngine(AbstractEngine):
             task, M0, ts, learning_rate, weight_decay, **_options(self), **kwargs
         )
 
-    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+    def run(
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None
+    ) -> EngineRun:
         """The flow's `M(ts)`; its eigenvalues by rank, and the modes, the
-        eigenvectors of the last `M`."""
+        eigenvectors of the last `M`; the weights at the records
+        `factors_of(M, W0)` (`W0`: the initial weights, `W0 @ W0.T = M0`, if
+        known; else the factor of `M0`)."""
         sol = self.solve(task, M0, ts, learning_rate, weight_decay)
         M = np.asarray(sol.ys, np.float64)
+        idx = record_index(ts)
+        factors = factors_of(M[idx], factor_of(M0) if W0 is None else W0)
         curves = np.linalg.eigvalsh(0.5 * (M + np.swapaxes(M, 1, 2)))[:, ::-1]
         _, vecs = np.linalg.eigh(0.5 * (M[-1] + M[-1].T))
         vecs, last = vecs[:, ::-1], curves[-1]
@@ -187,6 +201,8 @@ class MFlowEngine(AbstractEngine):
             mode_curves=curves[:, :q],
             modes=vecs[:, :q],
             mode_values=last[:q],
+            factors=factors,
+            factor_index=idx,
         )
 
 
@@ -272,15 +288,27 @@ class FactoredMFlowEngine(AbstractEngine):
             mode_curves=curves[:, :q],
             modes=vecs[:, :q],
             mode_values=last[:q],
+            factors=W[record_index(ts)],
+            factor_index=record_index(ts),
         )
 
 
-def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> EngineRun:
+def _solve_lv_run(
+    options, lv, basis, M0, ts, eta, weight_decay, W0=None, **labels
+) -> EngineRun:
     """`solve_lv` from $m_0 = \\mathrm{diag}(U^\\top M_0 U)$; the modes are the
-    columns of the basis, by decreasing last value."""
+    columns of the basis, by decreasing last value. The weights at the records:
+    $W = U \\mathrm{diag}(\\sqrt m) U^\\top O$ (`factors_of` of
+    $M = U \\mathrm{diag}(m) U^\\top$, without a `(p, p)` product per record)."""
     m0 = jnp.einsum("ik,ij,jk->k", basis, M0, basis)
     sol = solve_lv(lv, m0, ts, eta, weight_decay, **options)
     m = np.asarray(sol.ys, np.float64)
+    idx = record_index(ts)
+    U = np.asarray(basis, np.float64)
+    W0 = np.asarray(factor_of(M0) if W0 is None else W0, np.float64)
+    Uw, _, Vt = np.linalg.svd(W0, full_matrices=False)
+    UtO = U.T @ (Uw @ Vt)
+    factors = (U[None] * np.sqrt(np.maximum(m[idx], 0.0))[:, None, :]) @ UtO
     order = np.argsort(-m[-1], kind="stable")
     vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
     q = learned_modes(last, M0)
@@ -290,10 +318,12 @@ def _solve_lv_run(options, lv, basis, M0, ts, eta, weight_decay, **labels) -> En
         mode_curves=-np.sort(-m, axis=1)[:, :q],  # the eigenvalues of M by rank
         modes=vecs[:, :q],
         mode_values=last[:q],
+        factors=factors,
+        factor_index=idx,
     )
 
 
-def _exact_lv_run(engine, M0, ts, eta, weight_decay, red: Reduction) -> EngineRun:
+def _exact_lv_run(engine, M0, ts, eta, weight_decay, red: Reduction, W0) -> EngineRun:
     violation = red.violation
     return _solve_lv_run(
         _options(engine),
@@ -303,6 +333,7 @@ def _exact_lv_run(engine, M0, ts, eta, weight_decay, red: Reduction) -> EngineRu
         ts,
         eta,
         weight_decay,
+        W0,
         engine="lv",
         reason=f"exact Lotka-Volterra reduction (violation {violation:.3g})",
         violation=violation,
@@ -349,12 +380,17 @@ class LVEngine(AbstractEngine):
             lv, m0, ts, learning_rate, weight_decay, **_options(self), **kwargs
         )
 
-    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
-        """**Raises:** `NotReducibleError` where the data do not reduce."""
+    def run(
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None
+    ) -> EngineRun:
+        """`W0`: the initial weights (`W0 @ W0.T = M0`), if known, for the
+        weights at the records.
+
+        **Raises:** `NotReducibleError` where the data do not reduce."""
         red = measure_reduction(task, self.tol)
         if not red.violation <= red.tol:
             raise NotReducibleError(red.message, red.violation, red.tol)
-        return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red)
+        return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red, W0)
 
 
 class ApproximateLVEngine(AbstractEngine):
@@ -378,11 +414,13 @@ class ApproximateLVEngine(AbstractEngine):
         _check_tol(self)
         _check_options(self)
 
-    def run(self, task, M0, ts, learning_rate, weight_decay=0.0) -> EngineRun:
+    def run(
+        self, task, M0, ts, learning_rate, weight_decay=0.0, *, W0=None
+    ) -> EngineRun:
         # the whole search whatever the tolerance: the system of a refused task
         red = measure_reduction(task, self.tol, early=False)
         if red.violation <= red.tol:
-            return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red)
+            return _exact_lv_run(self, M0, ts, learning_rate, weight_decay, red, W0)
         return _solve_lv_run(
             _options(self),
             red.lv,
@@ -391,6 +429,7 @@ class ApproximateLVEngine(AbstractEngine):
             ts,
             learning_rate,
             weight_decay,
+            W0,
             engine="approximate_lv",
             reason="approximate Lotka-Volterra system in the eigenbasis of C "
             f"(violation of commutation {red.violation:.3g})",
@@ -437,7 +476,7 @@ class AutoEngine(AbstractEngine):
     ) -> EngineRun:
         """`W0`: the initial weights (`W0 @ W0.T = M0`), if known."""
         try:
-            return self.lv.run(task, M0, ts, learning_rate, weight_decay)
+            return self.lv.run(task, M0, ts, learning_rate, weight_decay, W0=W0)
         except NotReducibleError as e:
             refused = (
                 "lv_reduce refused the data (violation of commutation "
@@ -453,7 +492,7 @@ class AutoEngine(AbstractEngine):
                 f"(rank {r} < p): {refused}"
             )
         else:
-            run = self.mflow.run(task, M0, ts, learning_rate, weight_decay)
+            run = self.mflow.run(task, M0, ts, learning_rate, weight_decay, W0=W0)
             reason = f"M-space flow: {refused}"
         return dataclasses.replace(run, reason=reason, violation=violation)
 

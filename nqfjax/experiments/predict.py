@@ -24,6 +24,7 @@ from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
 from .engines import AbstractEngine, AutoEngine, accepts_factor, engine_from_word
 from .switch_ons import SwitchOns, rank_switch_ons, switch_ons
+from .validity import Validity, leading_order_validity
 
 
 class Prediction(eqx.Module):
@@ -68,6 +69,10 @@ class Prediction(eqx.Module):
       per step. Full-batch GD grows a mode by $(1 + r/2)^2$ per step where the
       flow grows it by $e^r$: its switch-ons lag the flow's by a fraction of
       about $r/4$.
+    - `validity`: where the leading order holds along the prediction (a
+      `Validity`: the departure of the real layer from its quadratic form at
+      about 32 records, the step where it exceeds its tolerance, the lag of
+      gradient descent, and a one-line `verdict`).
 
     **Properties:** `switch_times` (`switch_ons.times`), shape `(q,)`, in time
     order (NaN for ranks already on at `ts[0]`); `switch_levels`, the threshold
@@ -86,6 +91,7 @@ class Prediction(eqx.Module):
     mode_values: Float[Array, " q"]
     W0: Float[Array, "p m"]
     growth_rate: Float[Array, ""]
+    validity: Validity
 
     @property
     def switch_times(self) -> Float[Array, " q"]:
@@ -333,6 +339,19 @@ def predict(
     ons = rank_switch_ons(grid, run.mode_curves[:, :q])
     times = ons.times
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
+    rate = 4.0 * eta * max(c_max, 0.0)
+    if run.factors is None:  # an engine that gives no weights
+        validity = leading_order_validity(
+            structure, xs, np.zeros((0, task.p, 1)), np.zeros(0), growth_rate=rate
+        )
+    else:
+        validity = leading_order_validity(
+            structure,
+            xs,
+            jnp.asarray(run.factors, dtype),
+            grid[run.factor_index],
+            growth_rate=rate,
+        )
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(
         engine=run.engine,
@@ -346,7 +365,8 @@ def predict(
         modes=as_array(run.modes[:, :q]),
         mode_values=as_array(run.mode_values[:q]),
         W0=W0,
-        growth_rate=as_array(4.0 * eta * max(c_max, 0.0)),
+        growth_rate=as_array(rate),
+        validity=validity,
     )
 
 

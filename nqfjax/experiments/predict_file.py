@@ -130,6 +130,14 @@ def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any
         ],
         "plateaus": P.plateaus,
         "mode_values": P.mode_values,
+        "validity": {
+            "verdict": P.validity.verdict,
+            "tolerance": P.validity.tolerance,
+            "breaks_at": P.validity.breaks_at,
+            "discretisation_lag": P.validity.discretisation_lag,
+            "t": P.validity.ts,
+            "departure": P.validity.departure,
+        },
         "curve": {"t": P.ts, "loss": P.loss},
     }
     if trained is None:

@@ -1,0 +1,180 @@
+"""Where the leading order holds: the departure of a real layer from its
+quadratic form (`leading_order_validity`, `Prediction.validity`)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import nqfjax
+from nqfjax.experiments.validity import (
+    factors_of,
+    leading_order_validity,
+    record_index,
+    validity_of_run,
+)
+
+
+def _data(rng, n=200, d=5, k=2):
+    xs = rng.standard_normal((n, d))
+    return xs, np.tanh(xs @ rng.standard_normal((d, k)) / np.sqrt(d))
+
+
+def test_tanh_perceptron_departure_is_the_closed_form():
+    """One tanh unit `(a, w)`: f - f(0) - Tr[W W^T A] = a (tanh(u) - u) with
+    u = w . x, so the departure is |tanh(u) - u| / |u| over the samples,
+    whatever `a` (numpy, float64, every order of tanh): at small u about
+    |u^3| / (3 |u|), growing like the weights squared."""
+    rng = np.random.default_rng(0)
+    xs, _ = _data(rng)
+    structure = nqfjax.Perceptron(d=5, k=2)
+    a, w = rng.standard_normal(2), rng.standard_normal(5)
+    scales = np.array([1e-3, 1e-2, 0.3, 1.0])
+    Ws = np.stack([np.concatenate([a, s * w])[:, None] for s in scales])
+    v = leading_order_validity(structure, xs, Ws, np.arange(4.0), num_inputs=200)
+    u = xs @ w
+    ref = [
+        np.linalg.norm(np.tanh(s * u) - s * u) / np.linalg.norm(s * u) for s in scales
+    ]
+    np.testing.assert_allclose(np.asarray(v.departure), ref, rtol=1e-9)
+    # the leading correction is cubic: a tenth of the weights, a hundredth of it
+    # (to O(u^2) = 1e-4 relative)
+    dep = np.asarray(v.departure)
+    assert dep[0] / dep[1] == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_quadratic_network_never_departs():
+    """The quadratic network's layer is its quadratic form: departure at
+    roundoff at any weights (float64)."""
+    rng = np.random.default_rng(1)
+    structure = nqfjax.QuadraticNet(d=4)
+    xs = rng.standard_normal((50, 4))
+    Ws = rng.standard_normal((3, 4, 6)) * np.array([1e-3, 1.0, 10.0])[:, None, None]
+    v = leading_order_validity(structure, xs, Ws, np.arange(3.0))
+    assert np.all(np.asarray(v.departure) < 1e-13)
+    assert np.isinf(v.breaks_at) and v.holds and "holds" in v.verdict
+
+
+def test_verdict_names_the_first_record_above_tolerance():
+    """A trajectory of growing weights: `breaks_at` is the first record whose
+    departure exceeds the tolerance, and the verdict says so; a learning rate
+    whose lag r/4 exceeds it is reported too."""
+    rng = np.random.default_rng(2)
+    xs, _ = _data(rng)
+    structure = nqfjax.Perceptron(d=5, k=2)
+    base = np.concatenate([rng.standard_normal(2), rng.standard_normal(5)])[:, None]
+    scales = np.geomspace(1e-3, 2.0, 12)
+    Ws = base[None] * np.concatenate([np.ones(2), np.ones(5)])[None, :, None]
+    Ws = np.stack([np.concatenate([base[:2], s * base[2:]]) for s in scales])
+    ts = np.arange(12.0) * 10
+    v = leading_order_validity(structure, xs, Ws, ts, tolerance=0.05, growth_rate=0.01)
+    dep = np.asarray(v.departure)
+    first = int(np.argmax(dep > 0.05))
+    assert dep[first] > 0.05 and np.all(dep[:first] <= 0.05)
+    assert v.breaks_at == ts[first] and not v.holds
+    assert f"until step {ts[first]:.4g}" in v.verdict
+    assert v.discretisation_lag == pytest.approx(0.0025)
+    fast = leading_order_validity(structure, xs, Ws[:2], ts[:2], growth_rate=0.8)
+    assert "lags the flow by about 20%" in fast.verdict and not fast.holds
+
+
+def test_bad_input_is_named():
+    structure = nqfjax.Perceptron(d=5, k=2)
+    xs = np.zeros((4, 5))
+    Ws = np.zeros((2, 7, 3))
+    with pytest.raises(ValueError, match="`factors`"):
+        leading_order_validity(structure, xs, Ws[:, :6], np.arange(2.0))
+    with pytest.raises(ValueError, match="`ts`"):
+        leading_order_validity(structure, xs, Ws, np.arange(3.0))
+    with pytest.raises(ValueError, match="`tolerance`"):
+        leading_order_validity(structure, xs, Ws, np.arange(2.0), tolerance=0.0)
+    with pytest.raises(ValueError, match="`num_inputs`"):
+        leading_order_validity(structure, xs, Ws, np.arange(2.0), num_inputs=0)
+    with pytest.raises(ValueError, match="`xs`"):
+        leading_order_validity(structure, np.zeros((4, 6)), Ws, np.arange(2.0))
+
+
+def test_factors_of_m_start_at_the_weights():
+    """`factors_of(M, W0)`: W W^T = M at every record (m >= p), and W0 itself
+    where M = W0 W0^T (float64, roundoff)."""
+    rng = np.random.default_rng(3)
+    W0 = rng.standard_normal((5, 8))
+    A = rng.standard_normal((5, 5))
+    Ms = np.stack([W0 @ W0.T, A @ A.T, np.zeros((5, 5))])
+    W = factors_of(Ms, W0)
+    np.testing.assert_allclose(W @ np.swapaxes(W, 1, 2), Ms, atol=1e-12)
+    np.testing.assert_allclose(W[0], W0, atol=1e-12)
+
+
+def test_record_index_is_log_spaced_with_the_ends():
+    ts = np.unique(np.round(np.geomspace(1, 1e4, 200)))
+    ts = np.concatenate([[0.0], ts])
+    idx = record_index(ts, 16)
+    assert idx[0] == 0 and idx[-1] == len(ts) - 1 and np.all(np.diff(idx) > 0)
+    # log-spaced: the recorded times' ratios are about constant past the start
+    ratios = ts[idx[-8:]][1:] / ts[idx[-8:]][:-1]
+    assert np.all((ratios > 1.5) & (ratios < 2.4)), ratios
+    np.testing.assert_array_equal(record_index(np.arange(5.0), 16), np.arange(5))
+
+
+@pytest.fixture(scope="module")
+def wine_run():
+    from sklearn.datasets import load_wine
+
+    X, y = load_wine(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    Y = np.eye(3)[y] - np.eye(3)[y].mean(0)
+    structure = nqfjax.Perceptron(d=13, k=3)
+    kw = dict(init_scale=1e-3, learning_rate=0.05, width=8, key=jax.random.key(0))
+    pred = nqfjax.predict(structure, X, Y, num_steps=3000, **kw)
+    trained = nqfjax.train(structure, X, Y, num_steps=3000, **kw)
+    return structure, X, pred, trained
+
+
+def test_trained_run_measured_at_its_weights(wine_run):
+    """`validity_of_run` rebuilds W(t) from the run's M snapshots and the polar
+    factor of its final weights: at the last record that is the final weights
+    themselves, so its departure there equals the departure of `result.W`
+    measured directly (float64, roundoff); before the modes grow it is at
+    roundoff of the quadratic part's size (the weights are ~1e-3)."""
+    structure, X, pred, trained = wine_run
+    measured = validity_of_run(structure, X, trained)
+    direct = leading_order_validity(
+        structure, X, np.asarray(trained.W)[None], np.asarray(trained.ts)[-1:]
+    )
+    np.testing.assert_allclose(measured.departure[-1], direct.departure[0], rtol=1e-9)
+    assert float(measured.departure[1]) < 1e-4
+    with pytest.raises(ValueError, match="snapshots"):
+        validity_of_run(structure, X, eqx_replace_M(trained))
+
+
+def eqx_replace_M(result):
+    import equinox as eqx
+
+    return eqx.tree_at(lambda r: r.M, result, None, is_leaf=lambda x: x is None)
+
+
+def test_dense_and_factored_engines_agree_on_the_departure(wine_run):
+    """The dense M-space flow's weights (`factors_of` its M and W0) and the
+    factored flow's own W(t) give the same departure once the modes are
+    learned (within 20%; the factor of M is not unique)."""
+    structure, X, pred, _ = wine_run
+    from sklearn.datasets import load_wine
+
+    _, y = load_wine(return_X_y=True)
+    Y = np.eye(3)[y] - np.eye(3)[y].mean(0)
+    dense = nqfjax.predict(
+        structure,
+        X,
+        Y,
+        init_scale=1e-3,
+        learning_rate=0.05,
+        width=8,
+        key=jax.random.key(0),
+        num_steps=3000,
+        engine=nqfjax.MFlowEngine(),
+    )
+    a, b = np.asarray(pred.validity.departure), np.asarray(dense.validity.departure)
+    late = np.asarray(pred.validity.ts) > 1000
+    np.testing.assert_allclose(b[late], a[late], rtol=0.2)
+    assert jnp.all(jnp.isfinite(dense.validity.departure[1:]))
