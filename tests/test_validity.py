@@ -154,6 +154,7 @@ def eqx_replace_M(result):
     return eqx.tree_at(lambda r: r.M, result, None, is_leaf=lambda x: x is None)
 
 
+@pytest.mark.slow  # a second prediction, 16 s
 def test_dense_and_factored_engines_agree_on_the_departure(wine_run):
     """The dense M-space flow's weights (`factors_of` its M and W0) and the
     factored flow's own W(t) give the same departure once the modes are
