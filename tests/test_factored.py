@@ -11,6 +11,7 @@ import pytest
 
 import nqfjax
 from nqfjax.tasks.base import Task
+from nqfjax.tasks.sampled import _sampled_gradient_factor
 
 
 TOL = 1e-10
@@ -55,6 +56,14 @@ def test_factored_gradient_and_loss_of_a_sampled_task(wine, getkey):
             t.gradient_factor(W), Task.gradient_factor(t, W), rtol=1e-12, atol=1e-13
         )
         np.testing.assert_allclose(t.loss_factor(W), t.loss(W @ W.T), rtol=1e-12)
+    # the perceptron's closed-form hooks take the samples in one chunk whatever
+    # batch_size (a chunk holds only the outputs beside the resident data); its
+    # chunked pass, as a structure with the default hooks runs it:
+    assert t._factor_batch() == xs.shape[0]
+    chunked = _sampled_gradient_factor(t.structure, t.xs, t.targets, W, 50)
+    np.testing.assert_allclose(
+        chunked, Task.gradient_factor(t, W), rtol=1e-12, atol=1e-13
+    )
     with pytest.raises(ValueError, match=r"`W` must have shape \(p, r\) = \(16, r\)"):
         task.gradient_factor(W[:5])
 

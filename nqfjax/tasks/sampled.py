@@ -230,6 +230,22 @@ class SampledTask(Task):
         D, Z = _sampled_couplings(self.structure, self.xs, U, G, b, self.batch_size)
         return D if probes is None else (D, Z)
 
+    def _factor_batch(self) -> int:
+        """The chunk of samples of a factored pass. With closed-form factored
+        hooks a chunk holds only its `(b, k)` outputs beside the data, which
+        are resident anyway, so the samples go in chunks of up to `2^24 /
+        sample_size()` (all of them for data up to 64 MB in float32): each
+        chunk of a `lax.scan` copies its slice of the data, which made a pass
+        over `n = 10^4` samples twice as slow in chunks of 2,048. The default
+        hooks keep `batch_size` (they build `A(x_s)` per sample)."""
+        closed = type(self.structure).contract_factor is not (
+            AbstractStructure.contract_factor
+        )
+        if not closed:
+            return self.batch_size
+        cap = 2**24 // max(1, self.structure.sample_size())
+        return int(min(self.xs.shape[0], max(self.batch_size, cap)))
+
     def gradient_factor(self, W):
         r"""$G(W W^\top) W = \frac1n \sum_{s,j} (f_{sj} - \tilde y_{sj})
         A_j(x_s) W$ with $f_{sj} = \mathrm{Tr}[A_j(x_s) W W^\top]$, shape
@@ -239,7 +255,7 @@ class SampledTask(Task):
         W = jnp.asarray(W)
         check_factor(W, self.p)
         return _sampled_gradient_factor(
-            self.structure, self.xs, self.targets, W, self.batch_size
+            self.structure, self.xs, self.targets, W, self._factor_batch()
         )
 
     def loss_factor(self, W):
@@ -249,7 +265,7 @@ class SampledTask(Task):
         W = jnp.asarray(W)
         check_factor(W, self.p)
         return _sampled_loss_factor(
-            self.structure, self.xs, self.targets, W, self.batch_size
+            self.structure, self.xs, self.targets, W, self._factor_batch()
         )
 
 
