@@ -178,9 +178,12 @@ def test_approximate_reduction_reports_its_residual_and_departure(iris, iris_run
         engine=nqfjax.ApproximateLVEngine(),
     )
     assert approx.engine == "approximate_lv"
-    np.testing.assert_allclose(approx.violation, pred.violation, rtol=1e-6)
+    # the automatic engine reports lv_reduce's refusal at the first step of the
+    # basis search (0.057 on iris), a lower bound of the violation the
+    # approximate engine measures with the whole search (0.089)
+    assert 0.05 < float(pred.violation) <= float(approx.violation) < 0.2
     departure = nqfjax.agreement(pred, approx)
-    # measured on iris (violation 0.10): the C-eigenbasis system switches on
+    # measured on iris (violation 0.09): the C-eigenbasis system switches on
     # about 8% earlier than the flow, its loss within 0.03 in log of the flow's
     errors = np.asarray(departure.time_errors)
     assert np.all(np.isfinite(errors)) and np.all(np.abs(errors) < 0.12)
