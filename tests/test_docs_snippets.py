@@ -57,3 +57,26 @@ def test_page_code_runs(page, tmp_path):
         timeout=900,
     )
     assert run.returncode == 0, f"{page}:\n{run.stderr[-3000:]}"
+
+
+def test_supported_versions_are_the_declared_floors():
+    """The table of 'Limits and scope' gives each JAX-stack floor that
+    pyproject.toml declares (and CI installs), so it cannot go stale."""
+    import tomllib
+
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    floors = dict(
+        re.fullmatch(r"([A-Za-z_]+)>=([0-9.]+).*", dep).groups()
+        for dep in project["dependencies"]
+        if ">=" in dep
+    )
+    page = (DOCS / "limits.md").read_text()
+    rows = {
+        name.strip(): version.strip()
+        for names, version in re.findall(r"^\| ([a-z, ]+) \| ([0-9.]+) \|$", page, re.M)
+        for name in names.split(",")
+    }
+    assert rows, "no version table"
+    for name, version in rows.items():
+        assert floors[name] == version, (name, floors[name], version)
+    assert project["requires-python"] == ">=3.11" and "Python 3.11" in page
