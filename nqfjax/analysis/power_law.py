@@ -30,7 +30,8 @@ class PowerLawFit(eqx.Module):
 
     **Fields:**
 
-    - `gamma`, `gamma_err`: the exponent and its standard error (1 sigma).
+    - `gamma`, `gamma_err`: the exponent and its 1-sigma error (by default
+      systematic: bootstrap plus window drift; see `uncertainty`).
     - `L_inf`, `c`, `t0`: the other parameters (`c`, `t0` positive; `L_inf`
       may come out slightly negative where the data cannot tell it from 0).
     - `window`: `(t_lo, t_hi)`, the time range fitted (given or auto-chosen).

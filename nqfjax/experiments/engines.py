@@ -395,8 +395,11 @@ class LVEngine(AbstractEngine):
 
 class ApproximateLVEngine(AbstractEngine):
     r"""The Lotka-Volterra system in the eigenbasis of `C` whatever the violation
-    of commutation (`lv_reduce(..., tol=inf)`): orders of magnitude cheaper than
-    the M-space flow, exact only when the violation is 0. Where the data reduce
+    of commutation (`lv_reduce(..., tol=inf)`), exact only when the violation is
+    0. Its solve is 5-11x cheaper than the dense M-space flow at n = 256
+    (p = 16 to 256; 2x at p = 512) and 17-56x at n = 4096 (`benchmarks/README.md`,
+    `predict_cost.py`), but the reduction's whole basis search comes first
+    (seconds, once per task). Where the data reduce
     within `tol` it is `LVEngine`'s exact reduction (and says so); otherwise the
     violation is reported, and its departure from the flow is measured by
     `agreement(predict(..., engine=MFlowEngine()), approximate)`.
