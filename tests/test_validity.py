@@ -179,3 +179,15 @@ def test_dense_and_factored_engines_agree_on_the_departure(wine_run):
     late = np.asarray(pred.validity.ts) > 1000
     np.testing.assert_allclose(b[late], a[late], rtol=0.2)
     assert jnp.all(jnp.isfinite(dense.validity.departure[1:]))
+
+
+def test_nothing_measured_says_so():
+    """An engine that gives no weights (a user's own): no records, a NaN
+    break, the verdict says it was not measured, and it does not claim to
+    hold."""
+    structure = nqfjax.Perceptron(d=5, k=2)
+    v = leading_order_validity(
+        structure, np.zeros((4, 5)), np.zeros((0, 7, 1)), np.zeros(0)
+    )
+    assert v.departure.shape == (0,) and np.isnan(v.breaks_at)
+    assert v.verdict == "leading order not measured" and not v.holds

@@ -308,7 +308,7 @@ def _solve_lv_run(
     W0 = np.asarray(factor_of(M0) if W0 is None else W0, np.float64)
     Uw, _, Vt = np.linalg.svd(W0, full_matrices=False)
     UtO = U.T @ (Uw @ Vt)
-    factors = (U[None] * np.sqrt(np.maximum(m[idx], 0.0))[:, None, :]) @ UtO
+    factors = np.stack([(U * np.sqrt(np.maximum(mi, 0.0))) @ UtO for mi in m[idx]])
     order = np.argsort(-m[-1], kind="stable")
     vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]
     q = learned_modes(last, M0)
