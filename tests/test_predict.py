@@ -10,6 +10,7 @@ about `r/2 = 1%` (a mode grows by `1 + r` per step, not `e^r`).
 
 import inspect
 import json
+import pathlib
 
 import jax.numpy as jnp
 import jax.random as jr
@@ -291,6 +292,13 @@ def test_cli_end_to_end_float32_against_training(tmp_path, capsys, iris):
     errors = [row["relative_error"] for row in summary["agreement"]["switch_on"]]
     np.testing.assert_array_less(np.abs(errors), 0.05)
     assert summary["agreement"]["log_loss_departure"] < 0.05
+    # every key the file holds is documented in the command's page
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    section = page[page.index("## `nqfjax predict") :]
+    keys = set(summary) | set(summary["validity"]) | set(summary["agreement"])
+    keys |= set(summary["switch_groups"][0]) | set(summary["architecture"])
+    keys |= set(summary["agreement"]["switch_on"][0])
+    assert not [k for k in keys if f"`{k}`" not in section], keys
 
 
 # --------------------------------------------------------------------------------
