@@ -38,7 +38,7 @@ from ..engines.reduction import Reduction, measure_reduction
 from ..tasks.base import Task
 from ..tasks.lotka_volterra import LotkaVolterra
 from ._modes import learned_count, learned_modes
-from .validity import factors_of, record_index
+from .validity import factors_of, polar_factor, record_index
 
 
 class EngineRun(eqx.Module):
@@ -279,6 +279,7 @@ class FactoredMFlowEngine(AbstractEngine):
         last = curves[-1]
         lam0 = float(np.linalg.norm(np.asarray(W0, np.float64), 2) ** 2)
         q = min(learned_count(last, lam0), W.shape[2])
+        idx = record_index(ts)
         return EngineRun(
             engine="mflow",
             reason="M-space flow for a factor of rank "
@@ -288,8 +289,8 @@ class FactoredMFlowEngine(AbstractEngine):
             mode_curves=curves[:, :q],
             modes=vecs[:, :q],
             mode_values=last[:q],
-            factors=W[record_index(ts)],
-            factor_index=record_index(ts),
+            factors=W[idx],
+            factor_index=idx,
         )
 
 
@@ -305,9 +306,7 @@ def _solve_lv_run(
     m = np.asarray(sol.ys, np.float64)
     idx = record_index(ts)
     U = np.asarray(basis, np.float64)
-    W0 = np.asarray(factor_of(M0) if W0 is None else W0, np.float64)
-    Uw, _, Vt = np.linalg.svd(W0, full_matrices=False)
-    UtO = U.T @ (Uw @ Vt)
+    UtO = U.T @ polar_factor(factor_of(M0) if W0 is None else W0)
     factors = np.stack([(U * np.sqrt(np.maximum(mi, 0.0))) @ UtO for mi in m[idx]])
     order = np.argsort(-m[-1], kind="stable")
     vecs, last = np.asarray(basis, np.float64)[:, order], m[-1][order]

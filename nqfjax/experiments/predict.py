@@ -340,18 +340,13 @@ def predict(
     times = ons.times
     c_max = float(np.max(np.linalg.eigvalsh(np.asarray(task.C, np.float64))))
     rate = 4.0 * eta * max(c_max, 0.0)
-    if run.factors is None:  # an engine that gives no weights
-        validity = leading_order_validity(
-            structure, xs, np.zeros((0, task.p, 1)), np.zeros(0), growth_rate=rate
-        )
+    if run.factors is None:  # an engine that gives no weights: nothing measured
+        factors, records = np.zeros((0, task.p, 1)), np.zeros(0)
     else:
-        validity = leading_order_validity(
-            structure,
-            xs,
-            jnp.asarray(run.factors, dtype),
-            grid[run.factor_index],
-            growth_rate=rate,
-        )
+        factors, records = run.factors, grid[run.factor_index]
+    validity = leading_order_validity(
+        structure, xs, jnp.asarray(factors, dtype), records, growth_rate=rate
+    )
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(
         engine=run.engine,

@@ -82,7 +82,7 @@ def _departures(structure, xs, Ws):
         delta = f - f0 - quad
         return jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
 
-    return jax.lax.map(lambda W: one(W), Ws)
+    return jax.lax.map(one, Ws)
 
 
 def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
@@ -175,6 +175,13 @@ def leading_order_validity(
     )
 
 
+def polar_factor(W0: Float[ArrayLike, "p m"]) -> Float[np.ndarray, "p m"]:
+    r"""The polar factor $O = U V^\top$ of $W_0 = U S V^\top$ (thin SVD), so
+    that $W_0 = (W_0 W_0^\top)^{1/2} O$. Float64 numpy, shape `(p, m)`."""
+    U, _, Vt = np.linalg.svd(np.asarray(W0, np.float64), full_matrices=False)
+    return U @ Vt
+
+
 def factors_of(
     Ms: Float[ArrayLike, "R p p"], W0: Float[ArrayLike, "p m"]
 ) -> Float[np.ndarray, "R p m"]:
@@ -185,12 +192,9 @@ def factors_of(
     gradient descent from $W_0$ does to leading order. Exact ($W W^\top = M$)
     when `m >= p`. Float64 numpy, shape `(R, p, m)`."""
     Ms = np.asarray(Ms, np.float64)
-    W0 = np.asarray(W0, np.float64)
-    U, _, Vt = np.linalg.svd(W0, full_matrices=False)
-    polar = U @ Vt
     lam, Q = np.linalg.eigh(0.5 * (Ms + np.swapaxes(Ms, 1, 2)))
     root = (Q * np.sqrt(np.maximum(lam, 0.0))[:, None, :]) @ np.swapaxes(Q, 1, 2)
-    return root @ polar
+    return root @ polar_factor(W0)
 
 
 def record_index(ts: Float[ArrayLike, " T"], num: int = 32) -> np.ndarray:

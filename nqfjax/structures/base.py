@@ -259,9 +259,8 @@ class AbstractStructure(eqx.Module):
         **Returns:** shape `(r, r)`, in the dtype of `U`.
         """
         (p, r), b = U.shape, xs.shape[0]
-        default = type(self).contract_factor is AbstractStructure.contract_factor
         # per column: the (b, k) result, and the (p, p) product u u^T of the default
-        per_column = b * self.k + (p * p if default else p)
+        per_column = b * self.k + (p if has_closed_factor_hooks(self) else p * p)
         columns = max(1, min(r, 2**22 // per_column))
         F = jax.lax.map(
             lambda u: self.contract_factor(xs, u[:, None]), U.T, batch_size=columns
@@ -335,6 +334,12 @@ def check_input(structure: AbstractStructure, x):
     """`x` as an array, after checking that its shape is `structure.input_shape`."""
     check_shape("x", x, tuple(structure.input_shape))
     return jnp.asarray(x)
+
+
+def has_closed_factor_hooks(structure: AbstractStructure) -> bool:
+    """Whether `structure` overrides `contract_factor` (a closed form that
+    never forms `W W^T` nor any `A(x_s)`), rather than keeping the default."""
+    return type(structure).contract_factor is not AbstractStructure.contract_factor
 
 
 def check_batch(structure: AbstractStructure, xs):

@@ -12,7 +12,7 @@ from .._checks import (
     static_int,
 )
 from .._linalg import sym
-from ..structures.base import AbstractStructure
+from ..structures.base import AbstractStructure, has_closed_factor_hooks
 from .base import Task, check_factor, check_modes
 
 
@@ -137,7 +137,8 @@ def _sum_over_chunks(block, xs, b, zero):
 def _sampled_couplings(structure, xs, U, G, gram_batch, batch_size):
     r"""`D = F^T F / n` with $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$
     (the structure's `mode_gram`), and
-    $Z_i = \frac1n \sum_s \sum_j (F g_i)_{sj} A_j(x_s)$, in one pass: the
+    $Z_i = \frac1n \sum_s \sum_j (F g_i)_{sj} A_j(x_s)$, in two passes over
+    the samples: the
     probe's outputs $F g = \mathrm{Tr}[A_j(x_s)\, U \mathrm{diag}(g) U^\top]$
     are `contract_factor` of $U \mathrm{diag}(g_+)^{1/2}$ minus that of
     $U \mathrm{diag}(g_-)^{1/2}$ (the positive and negative parts of `g`),
@@ -218,8 +219,8 @@ class SampledTask(Task):
         return _sampled_K(self.structure, self.xs, X, self.batch_size)
 
     def mode_couplings(self, U, probes=None):
-        r"""`Task.mode_couplings` in one pass over the samples, through the
-        structure's hooks: $D = F^\top F / n$ with
+        r"""`Task.mode_couplings` in two passes over the samples (the Gram,
+        then the probes), through the structure's hooks: $D = F^\top F / n$ with
         $F_{(s,j),l} = \mathrm{Tr}[A_j(x_s) u_l u_l^\top]$ by `mode_gram`
         (closed form for the readout structures, `O(n d r + n r^2)`), and for
         each probe $g_i$, $Z_i = \frac1n \sum_{s,j} (F g_i)_{sj} A_j(x_s)$,
@@ -238,10 +239,7 @@ class SampledTask(Task):
         chunk of a `lax.scan` copies its slice of the data, which made a pass
         over `n = 10^4` samples twice as slow in chunks of 2,048. The default
         hooks keep `batch_size` (they build `A(x_s)` per sample)."""
-        closed = type(self.structure).contract_factor is not (
-            AbstractStructure.contract_factor
-        )
-        if not closed:
+        if not has_closed_factor_hooks(self.structure):
             return self.batch_size
         cap = 2**24 // max(1, self.structure.sample_size())
         return int(min(self.xs.shape[0], max(self.batch_size, cap)))
