@@ -488,6 +488,10 @@ def test_select_model_names_the_shape_and_the_runner_up():
         assert "BIC" in chosen.why
         # the winner fits to the noise (3%, in log L)
         assert chosen.rms[shape] < 0.05, chosen.rms
+        # its curve is the fitted model: within a few noise widths (3%) of the
+        # noiseless curve everywhere
+        gap = np.log(np.asarray(chosen.curve(ts))) - np.log(loss)
+        assert np.max(np.abs(gap)) < 0.1, (shape, np.max(np.abs(gap)))
     assert not nqfjax.select_model(ts, np.full_like(ts, 0.2)).best
     # a power law cut off exponentially (no candidate has a cutoff): refused,
     # with the winner's rms, not named

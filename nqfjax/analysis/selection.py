@@ -23,7 +23,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
@@ -54,6 +54,10 @@ class ModelSelection(eqx.Module):
     - `reason`: why nothing was selected (`""` otherwise): nothing to fit, or
       no candidate fitting to within `max(3 noise, 0.1)` in `log L` (`scores`
       and `rms` are then kept for inspection).
+    - `theta`: the best model's fitted parameters in the family's scaled
+      coordinates (see `curve`; empty where nothing was selected).
+
+    **Methods:** `curve(ts)`, the best model's loss at any times, shape `(T,)`.
     """
 
     best: str = eqx.field(static=True)
@@ -64,6 +68,20 @@ class ModelSelection(eqx.Module):
     rms: dict
     n_modes: int = eqx.field(static=True)
     reason: str = eqx.field(static=True, default="")
+    theta: Float[Array, " P"] = eqx.field(default_factory=lambda: jnp.zeros((0,)))
+    mask: Float[Array, " K"] = eqx.field(default_factory=lambda: jnp.zeros((0,)))
+    power: float = eqx.field(static=True, default=0.0)
+    t_ref: float = eqx.field(static=True, default=1.0)
+    l_ref: float = eqx.field(static=True, default=1.0)
+
+    def curve(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
+        """The best model's loss at `ts` (shape `(T,)`; NaN where nothing was
+        selected)."""
+        ts = jnp.asarray(ts, jnp.result_type(float))
+        if self.theta.size == 0:
+            return jnp.full(ts.shape, jnp.nan)
+        u = ts / self.t_ref
+        return self.l_ref * jnp.exp(_log_model(self.theta, u, self.mask, self.power))
 
 
 def _log_model(theta, u, modes, power):
@@ -226,7 +244,7 @@ def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
     rows = np.stack(thetas + [thetas[0]] * (3 - k))
     mask = np.stack(modes + [modes[0]] * (3 - k)).astype(float)
     on = np.array(power + [power[0]] * (3 - k))
-    _, rss = _fit_candidates(
+    fitted, rss = _fit_candidates(
         *(jnp.asarray(a, dtype) for a in (u, ly, w, rows, mask, on))
     )
     n = float(np.sum(wb))
@@ -249,4 +267,18 @@ def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
             f"BIC {scores[runner] - scores[best]:.3g} higher (rms of log L "
             f"{rms[runner]:.3g} against {rms[best]:.3g})"
         )
-    return ModelSelection(best, runner, why, "BIC", scores, rms, sizes[best])
+    i = names.index(best)
+    return ModelSelection(
+        best,
+        runner,
+        why,
+        "BIC",
+        scores,
+        rms,
+        sizes[best],
+        theta=fitted[i],
+        mask=jnp.asarray(mask[i], dtype),
+        power=float(on[i]),
+        t_ref=float(t_ref),
+        l_ref=float(l_ref),
+    )
