@@ -8,11 +8,11 @@ import types
 from pathlib import Path
 
 import numpy as np
+from test_docs_cli import _placeholder
 
 import nqfjax
 from nqfjax import cli, experiments
 from nqfjax.experiments import _report
-from test_docs_cli import _placeholder
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import matplotlib
 
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
