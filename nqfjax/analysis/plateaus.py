@@ -12,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
+from .staircase import StaircasePlateaus, fit_staircase, read_plateaus
 
 
 # ---------------------------------------------------------------------------
@@ -33,6 +34,9 @@ class Plateaus(eqx.Module):
       `drop_times_err` (the noise of the smoothed level over the steepness of
       the drop, and the grid's resolution).
     - `reason`: why there is no plateau (`""` when there is one).
+    - `ambiguous`: where the data cannot tell (`""` when they can): two drops
+      closer than their widths (counted as one), or a drop no larger than
+      the noise (not counted); the count is then a lower bound.
     """
 
     start: Float[Array, " P"]
@@ -44,6 +48,7 @@ class Plateaus(eqx.Module):
     drop_err: Float[Array, " P-1"]
     drop_times_err: Float[Array, " P-1"]
     reason: str = eqx.field(static=True, default="")
+    ambiguous: str = eqx.field(static=True, default="")
 
     def __len__(self) -> int:
         return int(self.level.shape[0])
@@ -91,6 +96,7 @@ def detect_plateaus(
     floor: float | None = None,
     n_grid: int = 1024,
     min_samples: int | None = None,
+    method: str = "model",
 ) -> Plateaus:
     r"""Find the plateaus and drops of a measured loss curve.
 
@@ -152,6 +158,8 @@ def detect_plateaus(
     `<= 0`, bad options, traced arguments).
     """
     eager_only("detect_plateaus", "the plateaus are found in numpy", ts=ts, loss=loss)
+    if method not in ("model", "slope"):
+        raise ValueError(f"`method` must be 'model' or 'slope', got {method!r}.")
     ts, loss, floor = _check_plateau_args(
         ts,
         loss,
@@ -167,6 +175,12 @@ def detect_plateaus(
     if floor is None:
         return _no_plateaus(
             "no plateau: the loss is 0 everywhere (nothing to place on a log scale)"
+        )
+    if method == "model":
+        floored = np.maximum(loss, floor)
+        stairs = fit_staircase(ts, floored)
+        return _as_plateaus(
+            read_plateaus(stairs, ts, floored, slope_tol, min_length, min_drop)
         )
     u, floored = np.log10(ts), np.maximum(loss, floor)
     y_raw = np.log(floored)
@@ -432,3 +446,20 @@ def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:
         times.append(10**u_mid)
         errs.append(10**u_mid * np.log(10) * err_u)
     return np.asarray(times), np.asarray(errs)
+
+
+def _as_plateaus(read: StaircasePlateaus) -> Plateaus:
+    """The `Plateaus` of a staircase's plateaus read off its fit."""
+    lev, lev_err = read.level, read.level_err
+    return Plateaus(
+        start=jnp.asarray(read.start),
+        end=jnp.asarray(read.end),
+        level=jnp.asarray(lev),
+        drop=jnp.asarray(lev[:-1] - lev[1:]),
+        drop_times=jnp.asarray(read.drop_times),
+        level_err=jnp.asarray(lev_err),
+        drop_err=jnp.asarray(np.hypot(lev_err[:-1], lev_err[1:])),
+        drop_times_err=jnp.asarray(read.drop_times_err),
+        reason=read.reason,
+        ambiguous=read.ambiguous,
+    )
