@@ -41,6 +41,8 @@ _BINS = 160
 _SIGMA_MODEL = 0.01
 _STARTS = 3
 _ITERATIONS = 120
+#: A drop spans from `_EDGE` to `1 - _EDGE` of its fall in `ln L`.
+_EDGE = 0.2
 
 
 class Staircase(eqx.Module):
@@ -333,7 +335,7 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     curve = np.exp(_log_model(theta, grid, mask))
     cross = np.empty((K, 3))
     for k in range(K):
-        for j, frac in enumerate((0.1, 0.5, 0.9)):
+        for j, frac in enumerate((_EDGE, 0.5, 1 - _EDGE)):
             level = levels[k] ** (1 - frac) * levels[k + 1] ** frac
             if frac == 0.5:  # the arithmetic middle of the levels
                 level = 0.5 * (levels[k] + levels[k + 1])
@@ -487,7 +489,7 @@ def read_plateaus(
         # flat against its neighbouring drops: a power law, which the model
         # fits as drops with heavy tails, falls between them as steeply
         steep = min(
-            0.8 * np.log(levels[a] / levels[b]) / max(dhi - dlo, 1e-12)
+            (1 - 2 * _EDGE) * np.log(levels[a] / levels[b]) / max(dhi - dlo, 1e-12)
             for a, b, dlo, dhi in kept[max(j - 1, 0) : j + 1]
         )
         inside = (lt >= lo) & (lt <= hi)
@@ -520,7 +522,7 @@ def read_plateaus(
         b = kept[j1 - 1][1]
         hi = kept[j1 - 1][3]
         mid = _crossing(stairs, 0.5 * (levels[a] + levels[b]), lo, hi)
-        steep = np.log(levels[a] / levels[b]) / max(hi - lo, 1e-12) * 0.8
+        steep = np.log(levels[a] / levels[b]) / max(hi - lo, 1e-12) * (1 - 2 * _EDGE)
         n = max(count(lo, hi), 1)
         times.append(np.exp(mid))
         t_err.append(np.exp(mid) * 1.2533 * sigma / np.sqrt(n) / max(steep, 1e-12))
