@@ -20,11 +20,12 @@ Families (`g` of `x = t / t_k`):
 - `sigmoid_logt`: `g = 1 / (1 + x^a)`, a sigmoid in `log t` of steepness `a`
   in `[4, 30]`;
 - `asymmetric` (held out): a stretched exponential, `g = exp(-x^a)`, `a` in
-  `[1.5, 6]`, sharp below `t_k` and slow above, mixed with its mirror image
+  `[1.5, 6]`, slow below `t_k` and sharp above, mixed with its mirror image
   `g = 1 - exp(-x^-a)`.
 """
 
 import numpy as np
+
 
 FAMILIES = ("logistic_t", "sigmoid_logt", "asymmetric")
 
@@ -106,8 +107,9 @@ def staircase(family, rng, K=None, gap=None, drops=(0.3, 1.2)):
 def sample(rng, curve, t_end, sampling, noise, spikes=0.0, t_first=10.0):
     """The curve recorded `sampling` = `"log"` (400 log-spaced times from
     `t_first / 30`), `"linear"` (every `k` steps, `k` a 20th of `t_first`,
-    or more for at most 20000 records: the first plateau may then be unseen) or `"every_step"` (every step to `t_end`, at most
-    50000, steps thinned evenly beyond); multiplicative log-normal noise of
+    or more for at most 20000 records: the first plateau may then be
+    unseen) or `"every_step"` (every step to `t_end`, at most 50000, steps
+    thinned evenly beyond); multiplicative log-normal noise of
     relative size `noise`, and a fraction `spikes` of the records multiplied
     by a heavy-tailed factor (`e^{|z|}`, `z` Cauchy with scale 0.5, capped at
     a factor `e^3`)."""

@@ -104,7 +104,8 @@ def test_held_out_families():
 @pytest.mark.slow  # 12 staircase fits
 def test_cannot_tell_is_said():
     """Two drops overlapping (the second 10% done 0.2 decades before the
-    first is 90% done), or drops of 0.11-0.2 in `ln L` (just above `min_drop`) under 5-10% noise:
+    first is 90% done), or drops of 0.11-0.2 in `ln L` (just above
+    `min_drop`) under 5-10% noise:
     never more plateaus than there are; short counts mostly come with
     `ambiguous` saying why (see the bound below)."""
     rng = np.random.default_rng(30)

@@ -100,8 +100,27 @@ def detect_plateaus(
 ) -> Plateaus:
     r"""Find the plateaus and drops of a measured loss curve.
 
-    Works in log-log coordinates, where the plateaus of a staircase are flat and
-    equally resolved at every time scale:
+    **`method="model"`** (default): a staircase of `K = 1..6` drops, each with
+    its own height, position, steepness and asymmetry (from a sigmoid in
+    $\log t$ to an isolated mode's logistic in $t$), plus a floor, fitted to
+    the log-binned medians of $\ln L$ with `K` chosen by BIC under the
+    noise measured from the data (`analysis/staircase.py`); the plateaus are
+    read off it and checked against the data: a drop spans 20%-80% of its
+    fall in $\ln L$, overlapping drops count as one, a drop under
+    `min_drop` or within 4 standard errors of the noise is not counted, and
+    a plateau is a stretch before, between or after drops with at least 3
+    samples over `min_length` decades and a log-log slope below
+    `max(slope_tol, half its neighbouring drops' steepness)` (a power law
+    has none). Levels are the fitted asymptotes, drop times where the fitted
+    curve crosses each drop's middle. Where the data cannot tell (drops
+    closer than their widths, a drop within the noise, another `K` within
+    10 of BIC) `ambiguous` says so. Holds across the sharpness of the drops
+    (see the how-to's table of measured rates); about a second per curve.
+
+    **`method="slope"`**: the earlier detector, fast but for sharp drops only
+    (a fixed log-log slope threshold `drop_slope`; gentle drops are missed).
+    It works in log-log coordinates, where the plateaus of a staircase are
+    flat and equally resolved at every time scale:
 
     1. a robust local level $y = \ln\max(L, \text{floor})$ (in effect a
        log-binning): around each of `n_grid` points in $\log_{10} t$, the median
@@ -137,7 +156,7 @@ def detect_plateaus(
     - `ts`: times, shape `(T,)`, strictly increasing and `> 0`.
     - `loss`: the loss at `ts`, shape `(T,)`, finite.
     - `drop_slope`: `|d ln L / d ln t|` above which the curve is dropping
-      (default 1).
+      (default 1; `"slope"` only).
     - `slope_tol`: `|d ln L / d ln t|` below which it is flat (default 0.15).
     - `min_length`: shortest stretch between drops, in decades (default 0.05).
     - `min_drop`: smallest relative change between plateau levels (default 0.1).
@@ -145,6 +164,8 @@ def detect_plateaus(
     - `floor`: losses below it are raised to it, so that a curve falling to 0
       ends on a plateau at `floor` (default `1e-6 max(loss)`); must be `> 0`.
     - `n_grid`: points of the log-time grid (default 1024).
+    - `method`: `"model"` (default) or `"slope"` (see above; `smooth`,
+      `n_grid`, `min_samples` and `drop_slope` are the slope detector's).
     - `min_samples`: fewest samples behind each local median (default: from
       the noise, `(sigma / 0.04)^2` clipped to `[3, 9]`, `sigma` the scatter of
       `ln L` between neighbouring samples: a clean curve sampled sparsely at
@@ -155,7 +176,7 @@ def detect_plateaus(
 
     **Raises:** `ValueError` for malformed input (shapes, non-positive or
     non-increasing times, non-finite losses, a negative maximum, a `floor`
-    `<= 0`, bad options, traced arguments).
+    `<= 0`, bad options, an unknown `method`, traced arguments).
     """
     eager_only("detect_plateaus", "the plateaus are found in numpy", ts=ts, loss=loss)
     if method not in ("model", "slope"):

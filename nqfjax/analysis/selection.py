@@ -213,14 +213,14 @@ def select_model(
         before = np.flatnonzero(np.array(drops) < law.window[0])
         if before.size and np.all(np.isfinite(drops)):
             n_before = before.size
-            stairs, n = _stairs_start(
+            mixed_modes, n = _stairs_start(
                 np.array(levels[: n_before + 1]),
                 np.array(drops[:n_before]),
                 t_ref,
                 l_ref,
             )
             start = _law_start(law, t_ref, l_ref)
-            thetas.append(np.concatenate([start, stairs]))
+            thetas.append(np.concatenate([start, mixed_modes]))
             modes.append(np.arange(_MAX_MODES) < n)
             power.append(1.0)
             names.append(_NAMES[2])
