@@ -156,7 +156,8 @@ def _log_model(theta, lu, mask, jacobian=False):
 def _g_inverse(frac, lam, ltau, a, p):
     """`ln u` where a mode's `g = frac` (closed form), any shapes."""
     z = np.log(frac ** (-1 / p) - 1)
-    return ltau + np.log1p(lam * z / a) / lam
+    with np.errstate(invalid="ignore"):  # NaN: never reached (lambda z < -a)
+        return ltau + np.log1p(lam * z / a) / lam
 
 
 def _huber(r, delta=3.0):
