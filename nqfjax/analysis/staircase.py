@@ -408,8 +408,10 @@ def read_plateaus(
       them. Without a drop, the curve is one plateau if its log-log slope is
       below `slope_tol`, else none.
 
-    Levels are the fitted asymptotic levels (`F + sum_{j > i} H_j`), with the
-    standard error of a median of the stretch's samples; drop times where the
+    Levels are the medians of the samples where the fitted curve is within
+    2% of its asymptotic level (`F + sum_{j > i} H_j`), or that level where
+    it never is (fewer than 3 such samples), with the standard error of a
+    median of those samples; drop times where the
     fitted curve crosses the middle of the levels, with the standard error of
     a local level over the drop's steepness."""
     K = stairs.n_modes
@@ -504,8 +506,17 @@ def read_plateaus(
     level_idx = [kept[0][0]] + [b for a, b, lo, hi in kept]
     for j, ((lo, hi), ok) in enumerate(zip(stretches, keep)):
         if ok:
-            n = max(count(lo, hi), 1)
-            found.append((lo, hi, levels[level_idx[j]], 1.2533 * sigma / np.sqrt(n), j))
+            level = levels[level_idx[j]]
+            # where the fitted curve is within 2% of the level: the median
+            # of the samples there (exact on a flat plateau); else the
+            # fitted asymptote (a plateau tilted by its drops' tails)
+            inside = (lt >= lo) & (lt <= hi)
+            core = inside.copy()
+            core[inside] = np.abs(np.log(stairs.curve(ts[inside]) / level)) < 0.02
+            if core.sum() >= 3:
+                level = float(np.exp(np.median(ly[core])))
+            n = max(int(core.sum()) if core.sum() >= 3 else count(lo, hi), 1)
+            found.append((lo, hi, level, 1.2533 * sigma / np.sqrt(n), j))
     if not found:
         reason = "no plateau: no flat stretch between the fitted drops"
         return _none(reason, ambiguous, len(kept))
