@@ -200,7 +200,7 @@ def detect_plateaus(
     if method == "model":
         floored = np.maximum(loss, floor)
         stairs = fit_staircase(ts, floored)
-        return _as_plateaus(
+        return as_plateaus(
             read_plateaus(stairs, ts, floored, slope_tol, min_length, min_drop)
         )
     u, floored = np.log10(ts), np.maximum(loss, floor)
@@ -469,7 +469,7 @@ def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(times), np.asarray(errs)
 
 
-def _as_plateaus(read: StaircasePlateaus) -> Plateaus:
+def as_plateaus(read: StaircasePlateaus) -> Plateaus:
     """The `Plateaus` of a staircase's plateaus read off its fit."""
     lev, lev_err = read.level, read.level_err
     return Plateaus(

@@ -32,7 +32,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
-from .plateaus import _as_plateaus
+from .plateaus import as_plateaus
 from .power_law import fit_power_law, log_bins, pad_bins, power_law_starts
 from .staircase import Staircase, fit_staircase, read_plateaus
 
@@ -175,7 +175,7 @@ def select_model(
         tp, yp = t[t > 0], y[t > 0]
         stairs = fit_staircase(tp, yp)
         read = read_plateaus(stairs, tp, yp)
-        plateaus, n_drops = _as_plateaus(read), read.n_drops
+        plateaus, n_drops = as_plateaus(read), read.n_drops
     law = fit_power_law(t, y, uncertainty="laplace")
     thetas, modes, power, names = [], [], [], []
     # a placeholder row (the staircase is fitted by `fit_staircase`; the

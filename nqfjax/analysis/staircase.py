@@ -383,42 +383,14 @@ def _none(reason, ambiguous, n_drops=0) -> StaircasePlateaus:
     return StaircasePlateaus(*([empty] * 6), n_drops, reason, ambiguous)
 
 
-def read_plateaus(
-    stairs: Staircase, ts, loss, slope_tol=0.15, min_length=0.05, min_drop=0.1
-) -> StaircasePlateaus:
-    """The plateaus of a fitted staircase, checked against the data (`ts`,
-    `loss > 0`):
-
-    - drops half done outside the data are not seen;
-    - two neighbouring drops whose 10%-90% spans overlap (drop `k` is not
-      90% done before drop `k + 1` is 10% done, of their falls in `ln L`) are
-      one drop, said in `ambiguous`;
-    - a drop smaller than a fraction `min_drop`, or than 4 standard errors of
-      the two levels it separates, is not counted (the latter said in
-      `ambiguous`);
-    - where another number of drops has a BIC within 10 of the chosen one
-      (not "very strong" evidence), `ambiguous` says so;
-    - the plateaus are the stretches before the first drop is 10% done,
-      between drops and after the last is 90% done: each needs at least 3
-      samples over `min_length` decades, and a log-log slope of the data there
-      below `max(slope_tol, steepness / 2)` to within two standard errors,
-      `steepness` the smaller of its neighbouring drops' (the fall from 10%
-      to 90% in `ln L` over its log-time): a power law, which the model fits
-      as drops with heavy tails, falls between them as steeply as during
-      them. Without a drop, the curve is one plateau if its log-log slope is
-      below `slope_tol`, else none.
-
-    Levels are the medians of the samples where the fitted curve is within
-    2% of its asymptotic level (`F + sum_{j > i} H_j`), or that level where
-    it never is (fewer than 3 such samples), with the standard error of a
-    median of those samples; drop times where the
-    fitted curve crosses the middle of the levels, with the standard error of
-    a local level over the drop's steepness."""
+def _kept_drops(stairs: Staircase, lt, min_drop):
+    """The drops of a fitted staircase that the data at log-times `lt` see,
+    as `(first level, last level + 1, ln t at 20%, ln t at 80%)`, and the
+    notes on what the data cannot tell (see `read_plateaus`)."""
     K = stairs.n_modes
     levels = np.asarray(stairs.levels)
     edges = np.log(np.asarray(stairs.edges))
     mids = np.log(np.asarray(stairs.drop_times))
-    lt, ly = np.log(ts), np.log(loss)
     sigma = stairs.noise
     notes = []
 
@@ -464,6 +436,48 @@ def read_plateaus(
             f"the data cannot tell {K} fitted drops from "
             f"{' or '.join(map(str, close))} (BIC within 10)"
         )
+    return kept, notes
+
+
+def read_plateaus(
+    stairs: Staircase, ts, loss, slope_tol=0.15, min_length=0.05, min_drop=0.1
+) -> StaircasePlateaus:
+    """The plateaus of a fitted staircase, checked against the data (`ts`,
+    `loss > 0`):
+
+    - drops half done outside the data are not seen;
+    - two neighbouring drops whose 10%-90% spans overlap (drop `k` is not
+      90% done before drop `k + 1` is 10% done, of their falls in `ln L`) are
+      one drop, said in `ambiguous`;
+    - a drop smaller than a fraction `min_drop`, or than 4 standard errors of
+      the two levels it separates, is not counted (the latter said in
+      `ambiguous`);
+    - where another number of drops has a BIC within 10 of the chosen one
+      (not "very strong" evidence), `ambiguous` says so;
+    - the plateaus are the stretches before the first drop is 10% done,
+      between drops and after the last is 90% done: each needs at least 3
+      samples over `min_length` decades, and a log-log slope of the data there
+      below `max(slope_tol, steepness / 2)` to within two standard errors,
+      `steepness` the smaller of its neighbouring drops' (the fall from 10%
+      to 90% in `ln L` over its log-time): a power law, which the model fits
+      as drops with heavy tails, falls between them as steeply as during
+      them. Without a drop, the curve is one plateau if its log-log slope is
+      below `slope_tol`, else none.
+
+    Levels are the medians of the samples where the fitted curve is within
+    2% of its asymptotic level (`F + sum_{j > i} H_j`), or that level where
+    it never is (fewer than 3 such samples), with the standard error of a
+    median of those samples; drop times where the
+    fitted curve crosses the middle of the levels, with the standard error of
+    a local level over the drop's steepness."""
+    levels = np.asarray(stairs.levels)
+    lt, ly = np.log(ts), np.log(loss)
+    sigma = stairs.noise
+    kept, notes = _kept_drops(stairs, lt, min_drop)
+
+    def count(lo, hi):
+        return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
+
     ambiguous = "; ".join(notes)
     if not kept:
         # no drop: one plateau if the curve is flat, none if it falls (a
@@ -487,21 +501,7 @@ def read_plateaus(
     # stretches: before the first drop, between drops, after the last
     bounds = [lt[0]] + [x for a, b, lo, hi in kept for x in (lo, hi)] + [lt[-1]]
     stretches = list(zip(bounds[0::2], bounds[1::2]))
-    keep = []
-    for j, (lo, hi) in enumerate(stretches):
-        # flat against its neighbouring drops: a power law, which the model
-        # fits as drops with heavy tails, falls between them as steeply
-        steep = min(
-            (1 - 2 * _EDGE) * np.log(levels[a] / levels[b]) / max(dhi - dlo, 1e-12)
-            for a, b, dlo, dhi in kept[max(j - 1, 0) : j + 1]
-        )
-        inside = (lt >= lo) & (lt <= hi)
-        enough = inside.sum() >= 3 and hi - lo >= min_length * np.log(10)
-        slope = np.inf
-        if enough:  # the slope, less twice its standard error
-            line = loglog_slope(lt, ly, inside, take_logs=False)
-            slope = abs(line.slope) - 2 * line.slope_err
-        keep.append(bool(enough and slope < max(slope_tol, 0.5 * steep)))
+    keep = _flat(stretches, kept, levels, lt, ly, slope_tol, min_length)
     found = []
     level_idx = [kept[0][0]] + [b for a, b, lo, hi in kept]
     for j, ((lo, hi), ok) in enumerate(zip(stretches, keep)):
@@ -548,6 +548,27 @@ def read_plateaus(
         len(kept),
         ambiguous=ambiguous,
     )
+
+
+def _flat(stretches, kept, levels, lt, ly, slope_tol, min_length):
+    """Which `stretches` (`(lo, hi)` in `ln t`) between the `kept` drops are
+    plateaus (see `read_plateaus`)."""
+    keep = []
+    for j, (lo, hi) in enumerate(stretches):
+        # flat against its neighbouring drops: a power law, which the model
+        # fits as drops with heavy tails, falls between them as steeply
+        steep = min(
+            (1 - 2 * _EDGE) * np.log(levels[a] / levels[b]) / max(dhi - dlo, 1e-12)
+            for a, b, dlo, dhi in kept[max(j - 1, 0) : j + 1]
+        )
+        inside = (lt >= lo) & (lt <= hi)
+        enough = inside.sum() >= 3 and hi - lo >= min_length * np.log(10)
+        slope = np.inf
+        if enough:  # the slope, less twice its standard error
+            line = loglog_slope(lt, ly, inside, take_logs=False)
+            slope = abs(line.slope) - 2 * line.slope_err
+        keep.append(bool(enough and slope < max(slope_tol, 0.5 * steep)))
+    return keep
 
 
 def _crossing(stairs: Staircase, level, lo, hi):
