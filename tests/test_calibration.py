@@ -114,7 +114,8 @@ def test_plateaus_and_claims_on_simulated_curves():
     assert right >= 0.95 * total, (right, total)
     offsets = np.concatenate(offsets)
     print(f"plateau count right: {right}/{total}; drop offsets max {offsets.max():.2f}")
-    # measured max 0.75 (the slope detector: 0.54)
+    # measured max 0.95 (with 120 Levenberg-Marquardt steps 0.75; the slope
+    # detector 0.54)
     assert np.all(offsets < 1), np.sort(offsets)[-5:]
 
 
