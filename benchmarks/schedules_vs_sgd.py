@@ -15,7 +15,8 @@ For each setting (input spectrum, teacher, label noise, steps, budget):
    over the seeds that converge) against the predicted one;
 3. the gain of the design over the best standard shape, predicted (against
    the shapes tuned on the criterion) and measured (against the shapes tuned
-   in real SGD).
+   in real SGD, among those that diverge in at most 5% of the seeds, the
+   criterion's own constraint).
 
 Real SGD is a plain-JAX loop written here, independently of the library:
 `W <- W - 2 eta G_hat W`, `G_hat = mean_s e_s x_s x_s^T`, fresh Gaussian
@@ -276,9 +277,15 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
                 *real_tuned[shape_name],
             )
         )
-    best_model = min(float(x.final_loss) for x in judged[:4])
-    best_real = min(v[0] for v in real_tuned.values())
-    gain_pred = 1 - float(designed.final_loss) / best_model
+    # gains: predicted against the shapes tuned on the criterion (each one's
+    # typical final loss on the judge's paths), measured against the shapes
+    # tuned in real SGD that keep within the criterion's constraint on the
+    # measuring seeds (at most 5% diverged: a baseline that diverges more often
+    # is not one a user would pick)
+    best_model = min(float(x.predicted_loss[-1]) for x in judged[:4])
+    allowed = [v[0] for v in real_tuned.values() if v[1] <= 0.05]
+    best_real = min(allowed) if allowed else np.inf
+    gain_pred = 1 - float(designed.predicted_loss[-1]) / best_model
     gain_real = 1 - measured["designed"][0] / best_real
     rows_gain.append((name, gain_pred, gain_real, gain_real / gain_pred - 1))
 

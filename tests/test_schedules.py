@@ -221,7 +221,7 @@ def _online_sgd(eta, b, keys, steps=T):
             W, bad = carry
             k, eta_t = inputs
             k1, k2 = jax.random.split(k)
-            x = jax.random.normal(k1, (b, D)) * jnp.sqrt(s)
+            x = jax.random.normal(k1, (b, D)) * jnp.sqrt(s)[None, :]
             y = x**2 @ mu + jnp.sqrt(SIGMA2) * jax.random.normal(k2, (b,))
             e = jnp.einsum("bi,ij,bj->b", x, W @ W.T, x) - y
             W_new = W - 2 * eta_t * ((x * e[:, None]).T @ x / b) @ W
@@ -242,7 +242,7 @@ def test_typical_edge_and_final_loss_match_online_sgd():
     # batch 16: the designer's edge (half of 128 paths diverge) against the
     # rate at which half of 64 seeds of online SGD diverge (bisection, 6 steps
     # from a factor-2.5 bracket: resolution 2%; the seeds' fraction error
-    # 0.06, ~2% in eta). Issue's tolerance 20%; measured -11% (the Gaussian
+    # 0.06, ~2% in eta). Issue's tolerance 20%; measured -11 to -15% (the Gaussian
     # noise of the map kicks harder than the real one at small batches).
     b = 16
     kw = dict(noise_variance=SIGMA2)
@@ -267,7 +267,7 @@ def test_typical_edge_and_final_loss_match_online_sgd():
     # over the seeds (64: its standard error ~1%) against the paths' (256);
     # tolerance 10% (the issue's), measured within 2%
     t = jnp.arange(T)
-    for shape, peak in ((jnp.ones(T), 0.4), (0.5 * (1 + jnp.cos(jnp.pi * t / T)), 0.7)):
+    for shape, peak in ((jnp.ones(T), 0.4), (0.5 * (1 + jnp.cos(jnp.pi * t / T)), 0.5)):
         eta = peak * edge * shape + 1e-6
         final, bad = _online_sgd(eta, b, keys)
         assert not bool(jnp.any(bad))
