@@ -50,7 +50,11 @@ from .engines.mflow import (
     solve_mflow_schedule as solve_mflow_schedule,
 )
 from .engines.mflow_factored import solve_mflow_factored as solve_mflow_factored
-from .engines.sgd_divergence import sgd_divergence_boundary as sgd_divergence_boundary
+from .engines.sgd_divergence import (
+    SGDPaths as SGDPaths,
+    sgd_divergence_boundary as sgd_divergence_boundary,
+    sgd_paths as sgd_paths,
+)
 from .engines.sgd_moments import (
     SGDMoments as SGDMoments,
     sgd_moments as sgd_moments,
@@ -97,10 +101,13 @@ from .experiments.predict import (
     predict as predict,
 )
 from .experiments.schedules import (
+    MeanLoss as MeanLoss,
     Schedule as Schedule,
+    TypicalLoss as TypicalLoss,
     evaluate_schedule as evaluate_schedule,
     optimize_schedule as optimize_schedule,
     piecewise_constant as piecewise_constant,
+    stability_edge as stability_edge,
     standard_schedules as standard_schedules,
     train_schedule as train_schedule,
 )

@@ -1,5 +1,8 @@
-"""Schedules designed through the moment equation (`optimize_schedule`)
-against the standard ones, predicted and measured in real W-space SGD."""
+"""Schedules designed through the moment equation (`optimize_schedule` with
+`MeanLoss`) against the standard ones, predicted and measured in real W-space
+SGD; the typical-run criterion (`TypicalLoss`, `sgd_paths`, `stability_edge`)
+against the moment equation, gradient descent and an independent online-SGD
+loop."""
 
 import itertools
 
@@ -19,8 +22,7 @@ M0 = np.full(D, 0.01)
 T, SEGMENTS, BUDGET, ETA_MAX = 300, 10, 16 * 300, 0.15
 
 
-# real SGD training of every schedule over 8 seeds: the slow tier
-pytestmark = pytest.mark.slow
+MEAN = nqfjax.MeanLoss()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,13 @@ def setting():
     task = nqfjax.gaussian_quadratic_task(np.diag(S), np.diag(MU))
     model = dict(samples=(xs, ys))
     standard = nqfjax.standard_schedules(
-        task, BUDGET, M0, num_steps=T, max_learning_rate=ETA_MAX, **model
+        task,
+        BUDGET,
+        M0,
+        num_steps=T,
+        max_learning_rate=ETA_MAX,
+        criterion=MEAN,
+        **model,
     )[:4]
     best = min(standard, key=lambda s: float(s.final_loss))
     optimised = nqfjax.optimize_schedule(
@@ -49,10 +57,11 @@ def setting():
         max_learning_rate=ETA_MAX,
         init=best,
         num_iterations=40,
+        criterion=MEAN,
         **model,
     )
     run = [
-        nqfjax.piecewise_constant(s, SEGMENTS, task, M0, **model)
+        nqfjax.piecewise_constant(s, SEGMENTS, task, M0, criterion=MEAN, **model)
         for s in (*standard, optimised)
     ]
     # the rounded batch sizes fixed, the learning rates polished on segments
@@ -66,9 +75,12 @@ def setting():
         num_knots=SEGMENTS,
         num_iterations=20,
         batch_sizes=run[-1].batch_sizes,
+        criterion=MEAN,
         **model,
     )
-    run[-1] = nqfjax.piecewise_constant(polished, SEGMENTS, task, M0, **model)
+    run[-1] = nqfjax.piecewise_constant(
+        polished, SEGMENTS, task, M0, criterion=MEAN, **model
+    )
     keys = jax.random.split(jax.random.key(5), 8)
     W0 = jnp.diag(jnp.sqrt(jnp.asarray(M0)))
     # the same 8 minibatch seeds for every schedule (common random numbers)
@@ -81,6 +93,7 @@ def setting():
     return dict(task=task, model=model, run=run, measured=measured)
 
 
+@pytest.mark.slow  # real SGD training of every schedule over 8 seeds
 def test_optimised_beats_standard_in_the_model(setting):
     run = setting["run"]
     predicted = [float(s.final_loss) for s in run]
@@ -92,6 +105,7 @@ def test_optimised_beats_standard_in_the_model(setting):
     assert float(jnp.max(run[-1].learning_rates)) <= ETA_MAX
 
 
+@pytest.mark.slow  # real SGD training of every schedule over 8 seeds
 def test_optimised_is_no_worse_in_training_and_gain_as_predicted(setting):
     run, measured = setting["run"], setting["measured"]
     means = [float(np.mean(m)) for m in measured]
@@ -111,6 +125,7 @@ def test_optimised_is_no_worse_in_training_and_gain_as_predicted(setting):
     )
 
 
+@pytest.mark.slow  # shares the fixture
 def test_bad_input(setting):
     task = setting["task"]
     with pytest.raises(ValueError, match="budget"):
@@ -119,3 +134,150 @@ def test_bad_input(setting):
         nqfjax.standard_schedules(task, BUDGET, M0, num_steps=T, max_learning_rate=0)
     with pytest.raises(ValueError, match="num_segments"):
         nqfjax.piecewise_constant(setting["run"][0], 7, task, M0)
+
+
+def _task():
+    return nqfjax.gaussian_quadratic_task(np.diag(S), np.diag(MU))
+
+
+@pytest.mark.slow  # compiles the path map (5-30 s on a loaded 2-core machine)
+def test_paths_one_step_mean_is_the_moment_equation():
+    # one step from a diagonal M: the path map's noise has the minibatch
+    # gradient's mean and covariance, so the mean over paths of the new loss is
+    # the moment equation's (exact at one step up to the O(eta^3) products the
+    # closure drops, ~0.3% here). 8192 paths: the Monte Carlo standard error se
+    # of the mean loss is 0.4%; tolerance 4 se + 0.5%.
+    eta, b = 0.05, 8.0
+    m0 = np.array([0.3, 0.6, 0.9, 1.2])
+    kw = dict(noise_variance=SIGMA2)
+    paths = nqfjax.sgd_paths(
+        _task(), jnp.full(1, eta), jnp.full(1, b), m0, paths=8192, **kw
+    )
+    moments = nqfjax.sgd_moments(_task(), jnp.full(1, eta), jnp.full(1, b), m0, **kw)
+    loss = np.asarray(paths.loss[:, 1])
+    se = loss.std() / np.sqrt(loss.size) / loss.mean()
+    assert se < 0.005
+    assert abs(loss.mean() / float(moments.loss[1]) - 1) < 4 * se + 0.005
+    # the noise is there: the paths spread
+    assert loss.std() > 0.1 * loss.mean()
+
+
+@pytest.mark.slow  # compiles the path map
+def test_paths_full_batch_is_gradient_descent():
+    # c_b = 0 (batch = dataset size): every path is gradient descent on the
+    # modes, which the moment equation is exactly at the full batch
+    data = (
+        jnp.asarray(np.random.default_rng(0).normal(size=(64, D)) * np.sqrt(S)),
+        None,
+    )
+    xs = data[0]
+    ys = (xs**2 @ jnp.asarray(MU))[:, None]
+    eta, steps = jnp.full(60, 0.05), jnp.full(60, 64.0)
+    kw = dict(samples=(xs, ys))
+    paths = nqfjax.sgd_paths(_task(), eta, steps, M0, paths=3, **kw)
+    gd = nqfjax.sgd_moments(_task(), eta, steps, M0, **kw)
+    for p in range(3):
+        np.testing.assert_allclose(paths.loss[p], gd.loss, rtol=1e-9)
+    assert not bool(jnp.any(paths.diverged))
+
+
+def test_typical_criterion_bad_input():
+    task = _task()
+    eta, b = jnp.full(5, 0.1), jnp.full(5, 4.0)
+    with pytest.raises(ValueError, match="criterion"):
+        nqfjax.evaluate_schedule(task, eta, b, M0, criterion="typical")
+    with pytest.raises(ValueError, match="max_diverged"):
+        nqfjax.TypicalLoss(max_diverged=1.0)
+    with pytest.raises(ValueError, match="paths"):
+        nqfjax.TypicalLoss(paths=0)
+    with pytest.raises(ValueError, match="key"):
+        nqfjax.TypicalLoss(key=3)
+    with pytest.raises(ValueError, match="paths"):
+        nqfjax.sgd_paths(task, eta, b, M0, paths=2.5)
+    with pytest.raises(ValueError, match="m0"):
+        nqfjax.sgd_paths(task, eta, b, -M0)
+    with pytest.raises(ValueError, match="task"):  # not a Gaussian quadratic task
+        nqfjax.sgd_paths(object(), eta, b, M0)
+    with pytest.raises(ValueError, match="learning_rate_bounds"):
+        nqfjax.stability_edge(
+            task, 4.0, M0, num_steps=5, learning_rate_bounds=(2e-3, 1e-3)
+        )
+
+
+def _online_sgd(eta, b, keys, steps=T):
+    """An independent plain-JAX online-SGD loop (fresh Gaussian samples each
+    step): final full-data losses and whether each run diverged."""
+    s, mu = jnp.asarray(S), jnp.asarray(MU)
+
+    def loss(M):
+        SD = s[:, None] * (M - jnp.diag(mu))
+        return 0.5 * (2 * jnp.trace(SD @ SD) + jnp.trace(SD) ** 2 + SIGMA2)
+
+    W0 = jnp.diag(jnp.sqrt(jnp.asarray(M0)))
+    threshold = 1e4 * jnp.maximum(loss(W0 @ W0.T), loss(0 * W0))
+
+    def one(key):
+        def step(carry, inputs):
+            W, bad = carry
+            k, eta_t = inputs
+            k1, k2 = jax.random.split(k)
+            x = jax.random.normal(k1, (b, D)) * jnp.sqrt(s)[None, :]
+            y = x**2 @ mu + jnp.sqrt(SIGMA2) * jax.random.normal(k2, (b,))
+            e = jnp.einsum("bi,ij,bj->b", x, W @ W.T, x) - y
+            W_new = W - 2 * eta_t * ((x * e[:, None]).T @ x / b) @ W
+            L = loss(W_new @ W_new.T)
+            bad = bad | ~jnp.isfinite(L) | (L > threshold)
+            return (jnp.where(bad, W, W_new), bad), None
+
+        (W, bad), _ = jax.lax.scan(
+            step, (W0, False), (jax.random.split(key, steps), eta)
+        )
+        return loss(W @ W.T), bad
+
+    return jax.jit(jax.vmap(one))(keys)
+
+
+@pytest.mark.slow  # online SGD over 64 seeds at 8 learning rates, 300 steps
+def test_typical_edge_and_final_loss_match_online_sgd():
+    # batch 16: the designer's edge (half of 128 paths diverge) against the
+    # rate at which half of 64 seeds of online SGD diverge (bisection, 6 steps
+    # from a factor-2.5 bracket: resolution 2%; the seeds' fraction error
+    # 0.06, ~2% in eta). Issue's tolerance 20%; measured -11 to -15% (the Gaussian
+    # noise of the map kicks harder than the real one at small batches).
+    b = 16
+    kw = dict(noise_variance=SIGMA2)
+    crit = nqfjax.TypicalLoss(paths=128)
+    edge = float(
+        nqfjax.stability_edge(_task(), b, M0, num_steps=T, criterion=crit, **kw)
+    )
+    keys = jax.random.split(jax.random.key(3), 64)
+    lo, hi = edge / 2.5, edge * 2.5
+
+    def unstable(eta):
+        _, bad = _online_sgd(jnp.full(T, eta), b, keys)
+        return float(np.mean(bad)) >= 0.5
+
+    assert not unstable(lo) and unstable(hi)
+    for _ in range(6):
+        mid = np.sqrt(lo * hi)
+        lo, hi = (lo, mid) if unstable(mid) else (mid, hi)
+    real = np.sqrt(lo * hi)
+    assert abs(edge / real - 1) < 0.2, (edge, real)
+    # the typical final loss of two schedules that converge: the geometric mean
+    # over the seeds (64: its standard error ~1%) against the paths' (256);
+    # tolerance 10% (the issue's), measured within 2%
+    t = jnp.arange(T)
+    for shape, peak in ((jnp.ones(T), 0.4), (0.5 * (1 + jnp.cos(jnp.pi * t / T)), 0.5)):
+        eta = peak * edge * shape + 1e-6
+        final, bad = _online_sgd(eta, b, keys)
+        assert not bool(jnp.any(bad))
+        measured = float(jnp.exp(jnp.mean(jnp.log(final))))
+        predicted = nqfjax.evaluate_schedule(
+            _task(), eta, jnp.full(T, float(b)), M0, criterion=crit, **kw
+        )
+        assert float(predicted.diverged_fraction) == 0
+        assert abs(float(predicted.final_loss) / measured - 1) < 0.1, (
+            peak,
+            float(predicted.final_loss),
+            measured,
+        )

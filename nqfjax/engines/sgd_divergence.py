@@ -1,6 +1,8 @@
-r"""Where the typical minibatch SGD run on the quadratic network diverges
-(`sgd_divergence_boundary`): the largest learning rate at which at most half of
-the runs diverge, from a stochastic map of the Lotka-Volterra modes.
+r"""The typical minibatch SGD run on the quadratic network: where it diverges
+(`sgd_divergence_boundary`, the largest learning rate at which at most half of
+the runs diverge, from a stochastic map of the Lotka-Volterra modes), and its
+loss under a schedule (`sgd_paths`, simulated paths of the stochastic map of
+the whole of $M$, `nqfjax/engines/_sgd_paths.py`).
 
 The mean-loss moment equation (`sgd_moments`) says where the *mean* loss over
 the minibatches blows up; that mean is dominated by rare runs, and it blows up at
@@ -38,10 +40,11 @@ methods.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_shape, error_if, positive, static_int
+from .._checks import check_key, check_shape, error_if, finite, positive, static_int
 from ..tasks.gaussian import GaussianQuadraticTask
+from ._sgd_paths import path_loss, simulate_paths
 from .sgd_moments import (
     Moments,
     check_batch_sizes,
@@ -225,3 +228,117 @@ def _bisect(mom, c, m0, noise, bounds, iterations, factor):
         "`learning_rate_bounds` must bracket the boundary: fewer than half of the "
         "runs diverge at the lower bound and at least half at the upper one.",
     )
+
+
+class SGDPaths(eqx.Module):
+    r"""What `sgd_paths` returns: simulated minibatch SGD runs on the quadratic
+    network under a schedule.
+
+    **Attributes:**
+
+    - `loss`: each path's full-data loss after `0, 1, ..., T` steps, shape
+      `(paths, T + 1)` (frozen at its last value once the path diverged).
+    - `diverged_at`: the step at which each path diverged, -1 if it did not,
+      shape `(paths,)`.
+    - `threshold`: the divergence threshold, `divergence_factor` times
+      $\max(L_0, L(M = 0))$ (scalar).
+    - `basis`: the orthonormal mode basis, shape `(d, d)` (columns).
+    """
+
+    loss: Float[Array, "P T1"]
+    diverged_at: Int[Array, " P"]
+    threshold: Float[Array, ""]
+    basis: Float[Array, "d d"]
+
+    @property
+    def diverged(self) -> Bool[Array, " P"]:
+        """Whether each path diverged."""
+        return self.diverged_at >= 0
+
+    @property
+    def diverged_fraction(self) -> Float[Array, ""]:
+        """The fraction of the paths that diverged."""
+        return jnp.mean(self.diverged.astype(self.loss.dtype))
+
+    @property
+    def typical_loss(self) -> Float[Array, " T1"]:
+        r"""The typical loss after each step, $\exp \mathbb E_{\rm paths} \ln L_t$,
+        shape `(T + 1,)`, a diverged path counted at `threshold` from its
+        divergence on."""
+        steps = jnp.arange(self.loss.shape[1])
+        gone = self.diverged[:, None] & (steps[None, :] >= self.diverged_at[:, None])
+        log_loss = jnp.where(gone, jnp.log(self.threshold), jnp.log(self.loss))
+        return jnp.exp(jnp.mean(log_loss, axis=0))
+
+
+def sgd_paths(
+    task: GaussianQuadraticTask,
+    learning_rates: Float[ArrayLike, " T"],
+    batch_sizes: Float[ArrayLike, " T"],
+    m0: Float[ArrayLike, " d"],
+    *,
+    noise_variance: Float[ArrayLike, ""] = 0.0,
+    samples: tuple[ArrayLike, ArrayLike] | None = None,
+    num_samples: int | None = None,
+    paths: int = 256,
+    key: PRNGKeyArray | None = None,
+    divergence_factor: float = 1e4,
+) -> SGDPaths:
+    r"""Simulate `paths` minibatch SGD runs on the quadratic network under the
+    schedule $(\eta_t, b_t)$ with the stochastic map of the whole of $M$:
+
+    $$M \leftarrow (I - 2\eta_t \hat G)\, M\, (I - 2\eta_t \hat G),\qquad
+    \hat G = K[M - M_\star] + \sqrt{c_{b_t}}\, N,$$
+
+    $N$ a Gaussian with the covariance of one sample's gradient at $M$ (the
+    module `nqfjax/engines/_sgd_paths.py` gives it), $c_b = \frac{n-b}{b(n-1)}$
+    ($1/b$ for fresh samples). The training it describes is the one
+    `sgd_moments` predicts the mean of; unlike that mean (which heavy-tailed
+    rare runs dominate, and which blows up at a learning rate far below the
+    one that stops a typical run), the paths give the typical run:
+    `SGDPaths.typical_loss`, `diverged_fraction`. One jitted program,
+    `O(paths T d^4)` work, differentiable in both sequences (the same noise,
+    from `key`, for every schedule: common random numbers).
+
+    **Arguments:** as for `sgd_moments` (`task` a `gaussian_quadratic_task`
+    whose covariance commutes with `M_star`; `learning_rates` and
+    `batch_sizes` shape `(T,)`; `m0` shape `(d,)` in the mode basis), and
+
+    - `paths`: how many runs to simulate (static int, default 256).
+    - `key`: the PRNG key of the simulated noise (default `jax.random.key(0)`).
+
+    **Returns:** an `SGDPaths`.
+
+    **Raises:** `ValueError` as `sgd_moments` does, and for a bad `paths` or
+    `key`.
+    """
+    U, s_np, mu_np = task_modes(task)
+    d = s_np.shape[0]
+    eta = jnp.asarray(learning_rates)
+    bs = jnp.asarray(batch_sizes)
+    m0 = jnp.asarray(m0)
+    dtype = jnp.result_type(eta, bs, m0, task.covariance.dtype, float)
+    if eta.ndim != 1 or eta.shape[0] < 1:
+        raise ValueError(f"`learning_rates` must have shape (T,), got {eta.shape}.")
+    check_shape("batch_sizes", bs, eta.shape)
+    check_shape("m0", m0, (d,))
+    eta = positive("learning_rates", eta.astype(dtype))
+    bs = finite("batch_sizes", bs.astype(dtype))
+    m0 = positive("m0", m0.astype(dtype))
+    paths = static_int("paths", paths)
+    key = jax.random.key(0) if key is None else check_key(key)
+    factor = check_divergence_factor(divergence_factor)
+    mom, n = task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
+    bs = check_batch_sizes(bs, n)
+    loss, first, threshold = _paths(mom, n, eta, bs, m0, key, paths, factor)
+    return SGDPaths(loss, first, threshold, jnp.asarray(U, dtype))
+
+
+@eqx.filter_jit
+def _paths(mom, n, eta, bs, m0, key, paths, factor):
+    d = m0.shape[0]
+    zero = jnp.zeros((d, d), m0.dtype)
+    threshold = factor * jnp.maximum(path_loss(mom, jnp.diag(m0)), path_loss(mom, zero))
+    noise = jax.random.normal(key, (paths, eta.shape[0], d, d), m0.dtype)
+    loss, first = simulate_paths(mom, n, eta, bs, m0, noise, threshold)
+    return loss, first, threshold

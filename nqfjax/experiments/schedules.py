@@ -1,6 +1,7 @@
 r"""Learning-rate and batch-size schedules designed by gradient descent through
-the moment equation of minibatch SGD (`sgd_moments`), beside the standard ones
-(`standard_schedules`), and trained for real (`train_schedule`).
+a model of minibatch SGD (`optimize_schedule`), beside the standard ones tuned
+on the same model (`standard_schedules`), and trained for real
+(`train_schedule`).
 
 At a fixed budget of `num_steps` steps and `budget` samples
 ($\sum_t b_t = $ `budget`), `optimize_schedule` parametrises
@@ -9,8 +10,18 @@ $$\eta_t = \eta_{\max}\,\sigma\big(\mathrm{pl}_\theta(t)\big),\qquad
 b_t = 1 + (\text{budget} - T)\,\mathrm{softmax}_t\big(\mathrm{pl}_\phi(t)\big),$$
 
 $\mathrm{pl}$ a piecewise-linear curve through `num_knots` equally spaced knots
-($2 \times$ `num_knots` parameters), and minimises the predicted
-$\ln \mathbb E L_T$ with optax through `jax.grad` of the moment equation.
+($2 \times$ `num_knots` parameters), and minimises a criterion with optax
+through `jax.grad`: by default the typical run's $\mathbb E \ln L_T$ over
+simulated paths of the stochastic map (`TypicalLoss`, `sgd_paths`), which
+respects the learning rate at which real runs diverge; or the mean loss
+$\ln \mathbb E L_T$ of the moment equation (`MeanLoss`, `sgd_moments`), whose
+heavy tails put the edge far too low at small batches. `standard_schedules`
+tunes each standard shape's peak on the same criterion, so that a design's gain
+is measured against fairly tuned baselines.
+
+The tools model the quadratic network on a `gaussian_quadratic_task` whose
+covariance commutes with its teacher (or on sign-symmetric `samples` of one);
+any other task is refused with a `ValueError` naming `task`.
 """
 
 import equinox as eqx
@@ -22,15 +33,34 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import static_int
-from ..engines.sgd_moments import sgd_moments
 from ..engines.train import Segment, train_segments
 from ..structures.quadratic import QuadraticNet
 from ..tasks.gaussian import GaussianQuadraticTask
+from ._schedule_criteria import (
+    Criterion,
+    MeanLoss,
+    TypicalLoss,
+    check_criterion,
+    stability_edge,
+)
+
+
+__all__ = [
+    "MeanLoss",
+    "Schedule",
+    "TypicalLoss",
+    "evaluate_schedule",
+    "optimize_schedule",
+    "piecewise_constant",
+    "stability_edge",
+    "standard_schedules",
+    "train_schedule",
+]
 
 
 class Schedule(eqx.Module):
-    r"""A learning-rate and batch-size schedule with the loss the moment
-    equation predicts for it.
+    r"""A learning-rate and batch-size schedule with the loss a criterion
+    (`TypicalLoss` or `MeanLoss`) predicts for it.
 
     **Attributes:**
 
@@ -38,9 +68,13 @@ class Schedule(eqx.Module):
     - `learning_rates`: $\eta_t$, shape `(T,)`.
     - `batch_sizes`: $b_t$ (real numbers for a relaxed schedule, integers for
       one that is trained), shape `(T,)`; their sum is the sample budget.
-    - `predicted_loss`: the predicted mean loss after `0..T` steps, shape
-      `(T + 1,)`.
-    - `final_loss`: its last value (scalar).
+    - `predicted_loss`: the predicted loss after `0..T` steps, shape
+      `(T + 1,)`: the typical run's ($\exp \mathbb E \ln L_t$ over the paths)
+      or the mean one, as the criterion says.
+    - `final_loss`: its last value (scalar; `inf` for a mean that diverged).
+    - `name`: a label.
+    - `diverged_fraction`: the predicted fraction of runs that diverge (for
+      `MeanLoss`, 1 if the mean diverges, else 0); `None` if not computed.
     """
 
     learning_rates: Float[Array, " T"]
@@ -48,6 +82,7 @@ class Schedule(eqx.Module):
     predicted_loss: Float[Array, " T1"]
     final_loss: Float[Array, ""]
     name: str = eqx.field(static=True, default="")
+    diverged_fraction: Float[Array, ""] | None = None
 
 
 def evaluate_schedule(
@@ -57,29 +92,34 @@ def evaluate_schedule(
     m0: Float[ArrayLike, " d"],
     *,
     name: str = "",
+    criterion: Criterion | None = None,
     **model,
 ) -> Schedule:
-    """The `Schedule` of given per-step sequences, with the loss `sgd_moments`
-    predicts for them (`model`: its keyword arguments, e.g. `noise_variance`,
-    `samples`, `num_samples`). A predicted divergence gives `final_loss = inf`."""
-    out = sgd_moments(task, learning_rates, batch_sizes, m0, **model)
-    final = jnp.where(out.diverged, jnp.inf, out.final_loss)
+    """The `Schedule` of given per-step sequences, with the loss `criterion`
+    (default `TypicalLoss()`) predicts for them (`model`: the keyword
+    arguments of `sgd_moments`, e.g. `noise_variance`, `samples`,
+    `num_samples`). With `MeanLoss()` a predicted divergence of the mean gives
+    `final_loss = inf`."""
+    criterion = check_criterion(criterion)
+    curve, final, frac = criterion.curve(task, learning_rates, batch_sizes, m0, model)
     return Schedule(
         jnp.asarray(learning_rates),
         jnp.asarray(batch_sizes),
-        out.loss,
+        curve,
         final,
         name,
+        frac,
     )
 
 
-def _best_peak(task, shape, batch_sizes, m0, peaks, name, model) -> Schedule:
+def _best_peak(task, shape, batch_sizes, m0, peaks, name, model, crit) -> Schedule:
     """The schedule `peak * shape` with the lowest predicted final loss over
-    `peaks` (each standard schedule is tuned on the model, to be fair to it)."""
+    `peaks` (each standard schedule is tuned on the criterion, to be fair to
+    it)."""
     best = None
     for peak in peaks:
         sched = evaluate_schedule(
-            task, peak * shape, batch_sizes, m0, name=name, **model
+            task, peak * shape, batch_sizes, m0, name=name, criterion=crit, **model
         )
         if best is None or float(sched.final_loss) < float(best.final_loss):
             best = sched
@@ -94,11 +134,13 @@ def standard_schedules(
     num_steps: int,
     max_learning_rate: float,
     num_peaks: int = 12,
+    criterion: Criterion | None = None,
     **model,
 ) -> tuple[Schedule, ...]:
     r"""The standard schedules at a budget of `budget` samples over `num_steps`
-    steps, each with its peak learning rate tuned on the model over `num_peaks`
-    log-spaced values up to `max_learning_rate`, with constant batches
+    steps, each with its peak learning rate tuned on `criterion` (default
+    `TypicalLoss()`, the typical run) over `num_peaks` log-spaced values from
+    `max_learning_rate / 20` to `max_learning_rate`, with constant batches
     `budget / num_steps`: constant, cosine (`optax.cosine_decay_schedule`),
     warmup-cosine (`optax.warmup_cosine_decay_schedule`, 10% warmup) and step
     decay (`optax.piecewise_constant_schedule`, x0.1 at 50% and 75%); then the
@@ -113,9 +155,14 @@ def standard_schedules(
     scaled to the budget (and at least 1): a heuristic for this non-convex
     problem, not its optimum.
 
+    Pass a `max_learning_rate` above the stability edge (`stability_edge`):
+    the tuning finds the best peak below it; a cap below the edge tunes
+    timidly.
+
     **Returns:** a tuple of five `Schedule`s, in that order.
     """
     T = static_int("num_steps", num_steps, 1)
+    crit = check_criterion(criterion)
     if budget < T:
         raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
     if not max_learning_rate > 0:
@@ -134,7 +181,7 @@ def standard_schedules(
         )(t),
     }
     out = [
-        _best_peak(task, shape, b, m0, peaks, name, model)
+        _best_peak(task, shape, b, m0, peaks, name, model, crit)
         for name, shape in shapes.items()
     ]
     cosine = out[1]
@@ -147,6 +194,7 @@ def standard_schedules(
             convex_b,
             m0,
             name="cosine + convex batch",
+            criterion=crit,
             **model,
         )
     )
@@ -165,22 +213,27 @@ def optimize_schedule(
     optimizer: optax.GradientTransformation | None = None,
     num_iterations: int = 150,
     batch_sizes: Float[ArrayLike, " T"] | None = None,
+    criterion: Criterion | None = None,
     **model,
 ) -> Schedule:
     r"""The learning-rate and batch-size schedules that minimise the predicted
     final loss at a budget of `budget` samples over `num_steps` steps, under
-    $\eta_t \le$ `max_learning_rate`, by gradient descent through `sgd_moments`.
+    $\eta_t \le$ `max_learning_rate`, by gradient descent through `criterion`
+    (default `TypicalLoss()`: the typical run's $\mathbb E \ln L_T$ over
+    simulated paths, the same noise at every iteration; `MeanLoss()`: the
+    moment equation's $\ln \mathbb E L_T$).
 
     The parametrisation (module docstring) has `2 num_knots` parameters; the
     batch sizes are real (relaxed) and sum to `budget` exactly. The optimiser
     starts from `init` (default: constant batches and a cosine at half the
-    maximum), minimises $\ln \mathbb E L_T$ with `optimizer` (default
+    maximum), minimises the criterion's log final loss with `optimizer` (default
     `optax.adam(0.1)`) for `num_iterations` steps, skipping non-finite updates,
     and returns the best schedule seen.
 
     **Arguments:**
 
     - `task`, `m0`, `**model`: as for `sgd_moments`.
+    - `criterion`: `TypicalLoss(...)` (default) or `MeanLoss()`.
     - `budget`: the total number of samples, `>= num_steps`.
     - `num_steps`: `T` (static int).
     - `max_learning_rate`: the bound on $\eta_t$.
@@ -199,6 +252,7 @@ def optimize_schedule(
     """
     T = static_int("num_steps", num_steps, 1)
     K = static_int("num_knots", num_knots, 2)
+    crit = check_criterion(criterion)
     if budget < T:
         raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
     if not max_learning_rate > 0:
@@ -229,8 +283,7 @@ def optimize_schedule(
 
     def objective(theta):
         eta, b = unpack(theta)
-        out = sgd_moments(task, eta, b, m0, **model)
-        return jnp.log(out.final_loss)
+        return crit.objective(task, eta, b, m0, model)
 
     opt = optax.apply_if_finite(optax.adam(0.1) if optimizer is None else optimizer, 10)
     value_and_grad = eqx.filter_jit(jax.value_and_grad(objective))
@@ -243,7 +296,9 @@ def optimize_schedule(
         updates, state = opt.update(grad, state, theta)
         theta = optax.apply_updates(theta, updates)
     eta, b = unpack(best_theta)
-    return evaluate_schedule(task, eta, b, m0, name="optimised", **model)
+    return evaluate_schedule(
+        task, eta, b, m0, name="optimised", criterion=crit, **model
+    )
 
 
 def piecewise_constant(
@@ -251,6 +306,8 @@ def piecewise_constant(
     num_segments: int,
     task: GaussianQuadraticTask,
     m0: Float[ArrayLike, " d"],
+    *,
+    criterion: Criterion | None = None,
     **model,
 ) -> Schedule:
     """The schedule as `train_schedule` runs it: on `num_segments` equal
@@ -258,8 +315,8 @@ def piecewise_constant(
     few static batch sizes, so a few compilations of `train`): each segment's
     mean rounded down, then the segments furthest below their mean doubled, as
     long as the sample budget (the schedule's total) holds and no segment gets
-    more than twice its mean. The loss is the one the model predicts for exactly
-    that."""
+    more than twice its mean. The loss is the one `criterion` (default
+    `TypicalLoss()`) predicts for exactly that."""
     T = schedule.learning_rates.shape[0]
     S = static_int("num_segments", num_segments, 1)
     if T % S:
@@ -282,6 +339,7 @@ def piecewise_constant(
         jnp.repeat(jnp.asarray(b), T // S),
         m0,
         name=schedule.name,
+        criterion=criterion,
         **model,
     )
 
