@@ -105,7 +105,7 @@ class Validity(eqx.Module):
 
     @property
     def expected_error(self) -> float:
-        """The largest expected relative error of a switch-on time,
+        r"""The largest expected relative error of a switch-on time,
         $\max_k |\epsilon_k|$ (NaN when none was estimated)."""
         shift = np.abs(np.asarray(self.expected_shift, np.float64))
         return float(np.nanmax(shift)) if np.any(np.isfinite(shift)) else np.nan
@@ -192,24 +192,25 @@ def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
 
 @eqx.filter_jit
 def _gradient_gap(structure, xs, ys, Ws):
-    r"""At each record `W` of `Ws` (shape `(R, p, m)`): the real layer's loss
-    gradient less its quadratic form's, $\delta g$, and the quadratic form's,
-    both shape `(R, p, m)`; the loss $\frac{1}{2n}\sum_x |f(x) - y|^2$."""
+    r"""At each record `W` of `Ws` (shape `(R, p, m)`): the norms of the real
+    layer's departure and of its quadratic part (as `_departures`), shapes
+    `(R,)`; the real layer's loss gradient less its quadratic form's,
+    $\delta g$, and the quadratic form's, shapes `(R, p, m)`; the loss
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$. One forward pass of each per record."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
-
-    def loss(f):
-        return 0.5 * jnp.mean(jnp.sum((f - ys) ** 2, -1))
-
-    def real(W):
-        return loss(jax.vmap(lambda x: structure.layer(W, x))(xs))
-
-    def quad(W):
-        return loss(f0 + structure.contract_factor(xs, W))
+    n = xs.shape[0]
 
     def one(W):
-        g_quad = jax.grad(quad)(W)
-        return jax.grad(real)(W) - g_quad, g_quad
+        f, pull_real = jax.vjp(
+            lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
+        )
+        quad, pull_quad = jax.vjp(lambda W: structure.contract_factor(xs, W), W)
+        (g_real,) = pull_real((f - ys) / n)
+        (g_quad,) = pull_quad((f0 + quad - ys) / n)
+        delta = f - f0 - quad
+        norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
+        return *norms, g_real - g_quad, g_quad
 
     return jax.lax.map(one, Ws)
 
@@ -325,22 +326,26 @@ def leading_order_validity(
         raise ValueError(f"`num_inputs` must be an int >= 1, got {num_inputs!r}.")
     xs = check_batch(structure, jnp.asarray(xs)[:num_inputs])
     xs = xs.astype(jnp.result_type(xs.dtype, factors.dtype))
-    delta, quad = (
-        np.asarray(a, np.float64) for a in _departures(structure, xs, factors)
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        departure = np.where(quad > 0, delta / quad, np.nan)
-    lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
-    if ys is None or ts.shape[0] == 0:
-        times, shift = np.zeros(0), np.zeros(0)
-        breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
-    else:
+    with_ys = ys is not None and ts.shape[0] > 0
+    if with_ys:
         ys = jnp.asarray(ys, xs.dtype)[: xs.shape[0]]
-        if ys.ndim != 2 or ys.shape[1] != structure.k:
+        if ys.shape != (xs.shape[0], structure.k):
             raise ValueError(
                 f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
             )
-        gap, grad = _gradient_gap(structure, xs, ys, factors.astype(xs.dtype))
+        delta, quad, gap, grad = _gradient_gap(
+            structure, xs, ys, factors.astype(xs.dtype)
+        )
+    else:
+        delta, quad = _departures(structure, xs, factors)
+    delta, quad = (np.asarray(a, np.float64) for a in (delta, quad))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        departure = np.where(quad > 0, delta / quad, np.nan)
+    lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
+    if not with_ys:
+        times, shift = np.zeros(0), np.zeros(0)
+        breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
+    else:
         times = (
             _rank_times(ts, np.asarray(factors, np.float64))
             if switch_times is None
