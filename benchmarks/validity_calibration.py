@@ -36,6 +36,7 @@ step, the horizon `2.5 ln(1/sigma^2) / r_3`):
     python benchmarks/validity_calibration.py --figures docs/images
 """
 
+import json
 import os
 import sys
 import time
@@ -172,7 +173,16 @@ def landmark_errors(pred, trained, horizon) -> list[float]:
     return out
 
 
-def one_row(kind: str, name: str, scale: float, sigma: float, quick: bool) -> dict:
+def _key(row: dict) -> tuple:
+    return (row["kind"], row["case"], float(row["target_scale"]), float(row["sigma"]))
+
+
+def one_row(
+    kind: str, name: str, scale: float, sigma: float, quick: bool, measured=None
+) -> dict:
+    """A row: the prediction and its verdict; the real network trained from the
+    same weights and its agreement, or, with `measured` (an earlier row of the
+    same case: training is deterministic), its measured errors."""
     if kind == "agreement":
         structure, xs, ys, description = case_data(name, quick)
         width = WIDTH
@@ -180,27 +190,36 @@ def one_row(kind: str, name: str, scale: float, sigma: float, quick: bool) -> di
         structure, xs, ys, width, description = sweep_data(name, scale)
     eta, num_steps = default_hyperparameters(structure, xs, ys, sigma)
     common = dict(init_scale=sigma, learning_rate=eta, width=width, key=jr.key(0))
-    timer = _Timer()
-    _predict_module.leading_order_validity = timer
-    try:
+    seconds = {}
+    for when in ("cold", "warm"):  # the first call compiles; the second not
+        timer = _Timer()
+        _predict_module.leading_order_validity = timer
+        try:
+            start = time.perf_counter()
+            pred = nqfjax.predict(structure, xs, ys, num_steps=num_steps, **common)
+            seconds[when] = (time.perf_counter() - start, timer.seconds)
+        finally:
+            _predict_module.leading_order_validity = timer._inner
+    if measured is None:
+        record = [int(t) for t in np.asarray(pred.ts)]
         start = time.perf_counter()
-        pred = nqfjax.predict(structure, xs, ys, num_steps=num_steps, **common)
-        predict_s = time.perf_counter() - start
-    finally:
-        _predict_module.leading_order_validity = timer._inner
-    record = [int(t) for t in np.asarray(pred.ts)]
-    start = time.perf_counter()
-    trained = nqfjax.train(
-        structure, xs, ys, num_steps=num_steps, record_at=record, **common
-    )
-    jax.block_until_ready(trained.loss)
-    train_s = time.perf_counter() - start
-    agree = nqfjax.agreement(pred, trained)
-    errors = np.asarray(agree.time_errors, np.float64)
+        trained = nqfjax.train(
+            structure, xs, ys, num_steps=num_steps, record_at=record, **common
+        )
+        jax.block_until_ready(trained.loss)
+        train_s = time.perf_counter() - start
+        agree = nqfjax.agreement(pred, trained)
+        errors = np.asarray(agree.time_errors, np.float64)
+        horizon = float(agree.horizon)
+        landmarks = landmark_errors(pred, trained, horizon)
+    else:
+        errors = np.asarray(measured["time_errors"], np.float64)
+        horizon = float(measured["horizon"])
+        landmarks = measured["landmark_errors"]
+        train_s = measured["seconds"]["train"]
     c = errors.shape[0]
     v = pred.validity
     shift = np.asarray(v.expected_shift, np.float64)[:c]
-    horizon = float(agree.horizon)
     finite = errors[np.isfinite(errors)]
     return {
         "kind": kind,
@@ -216,7 +235,7 @@ def one_row(kind: str, name: str, scale: float, sigma: float, quick: bool) -> di
         "engine": pred.engine,
         "time_errors": [float(e) for e in errors],
         "error": float(np.max(np.abs(finite))) if finite.size else float("nan"),
-        "landmark_errors": landmark_errors(pred, trained, horizon),
+        "landmark_errors": landmarks,
         "expected_shift": [float(e) for e in shift],
         "verdict_size": float(np.nanmax(np.abs(shift)))
         if np.any(np.isfinite(shift))
@@ -229,8 +248,10 @@ def one_row(kind: str, name: str, scale: float, sigma: float, quick: bool) -> di
         else float("nan"),
         "verdict": v.verdict,
         "seconds": {
-            "predict": predict_s,
-            "validity": timer.seconds,
+            "predict": seconds["cold"][0],
+            "validity": seconds["cold"][1],
+            "predict_warm": seconds["warm"][0],
+            "validity_warm": seconds["warm"][1],
             "train": train_s,
         },
     }
@@ -253,7 +274,14 @@ def criteria(rows: list[dict]) -> dict:
     off = [r for r in rows if r["error"] > CLEAR_BELOW]
     rho = spearman([r["error"] for r in off], [r["verdict_size"] for r in off])
     cost = [r["seconds"]["validity"] / r["seconds"]["predict"] for r in rows]
+    warm = [
+        r["seconds"]["validity_warm"] / r["seconds"]["predict_warm"]
+        for r in rows
+        if "predict_warm" in r["seconds"]
+    ]
     return {
+        "validity_cost_warm_median": float(np.median(warm)) if warm else float("nan"),
+        "validity_cost_warm_max": float(np.max(warm)) if warm else float("nan"),
         "rows": len(rows),
         "off_by_more_than_5pc_unflagged": [_label(r) for r in missed],
         "within_2pc_flagged": [_label(r) for r in false],
@@ -323,12 +351,15 @@ def _print_row(row: dict) -> None:
     errs = " ".join(f"{100 * e:+6.2f}%" for e in row["time_errors"]) or "-"
     shifts = " ".join(f"{100 * e:+6.2f}%" for e in row["expected_shift"]) or "-"
     marks = " ".join(f"{100 * e:+5.1f}" for e in row["landmark_errors"])
-    cost = row["seconds"]["validity"] / row["seconds"]["predict"]
+    sec = row["seconds"]
+    cost = sec["validity"] / sec["predict"]
+    warm = sec.get("validity_warm", np.nan) / sec.get("predict_warm", np.nan)
     print(
         f"{_label(row):<24} {row['structure']:<16} {errs:>26} | {shifts:>26} "
         f"| {100 * row['error']:5.2f}% {100 * row['verdict_size']:5.2f}% "
         f"{'FLAG' if row['flagged'] else '    '} | {marks:>24} "
-        f"| {row['seconds']['predict']:5.1f}s {100 * cost:4.1f}%",
+        f"| {sec['predict']:5.1f}s {100 * cost:4.1f}% "
+        f"| {sec.get('predict_warm', np.nan):5.2f}s {100 * warm:4.1f}%",
         flush=True,
     )
 
@@ -359,25 +390,35 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--from-json", default=None, help="rows from earlier runs (comma-separated)"
     )
+    parser.add_argument(
+        "--measured",
+        default=None,
+        help="earlier runs' JSON (comma-separated) whose measured errors to reuse "
+        "(training is deterministic): only the predictions are rerun",
+    )
     args = parser.parse_args(argv)
     print(f"machine: {machine()}")
     print(
         f"{'row':<24} {'structure':<16} {'switch-on errors':>26} | "
         f"{'expected shifts':>26} | {'error':>6} {'size':>6} flag | "
-        f"{'landmarks (%)':>24} | predict validity"
+        f"{'landmarks (%)':>24} | predict validity | warm: predict validity"
     )
     rows = []
     if args.from_json:
-        import json
-
         for path in args.from_json.split(","):
             with open(path) as f:
                 rows += json.load(f)["rows"]
         for row in rows:
             _print_row(row)
     else:
+        earlier = {}
+        for path in (args.measured or "").split(","):
+            if path:
+                with open(path) as f:
+                    earlier.update({_key(r): r for r in json.load(f)["rows"]})
         for kind, name, scale, sigma in plan_of(args):
-            row = one_row(kind, name, scale, sigma, args.quick)
+            measured = earlier.get((kind, name, float(scale), float(sigma)))
+            row = one_row(kind, name, scale, sigma, args.quick, measured)
             rows.append(row)
             _print_row(row)
             write_json(args.json, {"machine": machine(), "rows": rows})  # so far
@@ -389,7 +430,9 @@ def main(argv=None) -> dict:
         f"{summary['off_by_more_than_2pc']} rows off by > 2%: "
         f"{summary['spearman']:.3f}; the verdict's share of predict: median "
         f"{100 * summary['validity_cost_median']:.1f}%, max "
-        f"{100 * summary['validity_cost_max']:.1f}%"
+        f"{100 * summary['validity_cost_max']:.1f}% (cold, compiling); warm: median "
+        f"{100 * summary['validity_cost_warm_median']:.1f}%, max "
+        f"{100 * summary['validity_cost_warm_max']:.1f}%"
     )
     result = {
         "machine": machine(),

@@ -24,7 +24,8 @@ $M(t)$, $\lambda_k$ its eigenvalue, $v_k = W^\top u_k$ (so $|v_k|^2 =
 \lambda_k$) and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
 difference of the loss gradients at $W(t)$, the leading order lets $v_k$ grow
 by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top u_k$
-per step. Carried to the switch-on $T_k$ at the predicted growth, the
+per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn a
+learned mode toward $u_k$, and it turns back). Carried to the switch-on $T_k$ at the predicted growth, the
 higher orders change the mode's amplitude by the factor
 $\rho_k = |\hat v_k(T_k) + D_k|^2$, $D_k = \int_0^{T_k} s_k / \sqrt{\lambda_k}\,dt$,
 which moves the switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth
@@ -242,6 +243,10 @@ def expected_shifts(
     s = -learning_rate * np.einsum("rpm,rpk->rkm", np.asarray(gap, np.float64), U)
     g = np.einsum("rpm,rpk->rkm", np.asarray(grad_quad, np.float64), U)
     rate = -2.0 * learning_rate * np.sum(g * v, -1) / lam  # d ln(lambda_k)/dt
+    # the feed along a larger mode's pattern v_j (j < k; the v are orthogonal)
+    # only turns that learned mode toward u_k, and it turns back: not a feed
+    along = np.einsum("rkm,rjm->rkj", s, v) / lam[:, None, :]
+    s = s - np.einsum("rkj,rjm->rkm", np.tril(along, -1), v)
     for k in range(c):
         T = times[k]
         j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
