@@ -347,6 +347,24 @@ def figures(rows: list[dict], folder: str) -> list[str]:
     return [path]
 
 
+def markdown(rows: list[dict]) -> str:
+    """The rows as a markdown table (for docs/how-to/validity.md)."""
+    out = [
+        "| row | structure | switch-on errors | expected shifts | error | verdict "
+        "| flagged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        errs = ", ".join(f"{100 * e:+.1f}%" for e in r["time_errors"])
+        shifts = ", ".join(f"{100 * e:+.1f}%" for e in r["expected_shift"])
+        out.append(
+            f"| {_label(r)} | `{r['structure']}` | {errs} | {shifts} | "
+            f"{100 * r['error']:.1f}% | {100 * r['verdict_size']:.1f}% | "
+            f"{'yes' if r['flagged'] else 'no'} |"
+        )
+    return "\n".join(out)
+
+
 def _print_row(row: dict) -> None:
     errs = " ".join(f"{100 * e:+6.2f}%" for e in row["time_errors"]) or "-"
     shifts = " ".join(f"{100 * e:+6.2f}%" for e in row["expected_shift"]) or "-"
@@ -387,6 +405,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--kinds", default="all", help="all, agreement or sweep")
     parser.add_argument("--only", default=None, help="comma-separated case names")
     parser.add_argument("--figures", default=None, help="write the figure here")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the rows as a markdown table"
+    )
     parser.add_argument(
         "--from-json", default=None, help="rows from earlier runs (comma-separated)"
     )
@@ -442,6 +463,8 @@ def main(argv=None) -> dict:
     }
     if args.figures:
         result["figures"] = figures(rows, args.figures)
+    if args.markdown:
+        print(markdown(rows))
     write_json(args.json, result)
     return result
 

@@ -201,27 +201,33 @@ def test_nothing_measured_says_so():
 
 def test_expected_shift_of_a_fed_mode_is_the_closed_form():
     """Two ranks growing at rate r (quadratic gradient -r/(2 eta) W, so
-    d ln(lambda)/dt = r), the second, v_2 = b0 e^{r t/2} e_1, fed a constant
-    s = c e_2 per step orthogonal to it: D = c (2/r)(1 - e^{-r T/2}) / b0, and
-    the switch-on moves by -ln(1 + D^2) / (r T), plus the lag r/4 (float64;
-    the trapezoid on 4001 records, D to 1e-6 relative)."""
+    d ln(lambda)/dt = r) on units 1 and 2, the second, v_2 = b0 e^{r t/2} e_2,
+    fed a constant s = c e_3 per step (a third unit, orthogonal to both):
+    D = c (2/r)(1 - e^{-r T/2}) / b0, and the switch-on moves by
+    -ln(1 + D^2) / (r T), plus the lag r/4 (float64; the trapezoid on 4001
+    records, D to 1e-6 relative). A feed along the larger mode's pattern e_1
+    only turns that mode: not counted."""
     from nqfjax.experiments.validity import expected_shifts
 
     eta, r, b0, c, T = 0.1, 0.01, 1e-4, 2e-6, 2000.0
     ts = np.linspace(0.0, T, 4001)
-    W = np.zeros((ts.size, 2, 2))
+    W = np.zeros((ts.size, 2, 3))
     W[:, 0, 0] = 1.0 * np.exp(r * ts / 2)  # rank 1: larger throughout
     W[:, 1, 1] = b0 * np.exp(r * ts / 2)
     grad = -r / (2 * eta) * W
     gap = np.zeros_like(W)
-    gap[:, 1, 0] = -c / eta  # s = -eta gap^T u_2 = c e_1 (orthogonal to v_2)
+    gap[:, 1, 2] = -c / eta  # s = -eta gap^T u_2 = c e_3
     shift = expected_shifts(ts, W, gap, grad, eta, [np.nan, T])
     D = c * (2 / r) * (1 - np.exp(-r * T / 2)) / b0
     assert np.isnan(shift[0])  # a rank on from the start is not timed
     assert shift[1] == pytest.approx(-np.log1p(D**2) / (r * T) + r / 4, rel=1e-6)
-    # no gap: only the lag of gradient descent
+    # no gap, or a feed along v_1: only the lag of gradient descent
     none = expected_shifts(ts, W, 0 * gap, grad, eta, [np.nan, T])
     assert none[1] == pytest.approx(r / 4, rel=1e-9)
+    turn = np.zeros_like(W)
+    turn[:, 1, 0] = -c / eta
+    turned = expected_shifts(ts, W, turn, grad, eta, [np.nan, T])
+    assert turned[1] == pytest.approx(r / 4, rel=1e-9)
 
 
 def test_expected_shift_matches_the_trained_run(wine_run):
