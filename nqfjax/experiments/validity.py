@@ -259,8 +259,14 @@ def expected_shifts(
             continue
         ref = v[j - 1, k]
         sign = np.where(v[:j, k] @ ref < 0, -1.0, 1.0)
-        fed = s[:j, k] * (sign / np.sqrt(lam[:j, k]))[:, None]
+        # a feed while the mode saturates (after the previous switch-on, its
+        # rate below r) moves the switch-on by r / rate(t) times more
+        gain = np.where(
+            ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0
+        )
+        fed = s[:j, k] * (sign * gain / np.sqrt(lam[:j, k]))[:, None]
         D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
+        D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
         rho = float(np.sum((ref / np.linalg.norm(ref) + D) ** 2))
         out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
     return out
@@ -400,16 +406,20 @@ def factors_of(
     return root @ polar_factor(W0)
 
 
-def record_index(ts: Float[ArrayLike, " T"], num: int = 32) -> np.ndarray:
-    """Indices of about `num` of the times `ts` (increasing), the nearest to
-    log-spaced times from the first positive one to the last, with the first and
-    the last: where the departure is measured along a prediction."""
+def record_index(ts: Float[ArrayLike, " T"], num: int = 24) -> np.ndarray:
+    """Indices of about `2 num` of the times `ts` (increasing): the nearest to
+    `num` log-spaced times from the first positive one to the last and to `num`
+    evenly spaced ones (the switch-ons, late, need the resolution in `t`), with
+    the first and the last: where the departure is measured along a
+    prediction."""
     ts = np.asarray(ts, np.float64)
     T = ts.shape[0]
     positive = ts[ts > 0]
-    if T <= num or positive.size < 2:
+    if T <= 2 * num or positive.size < 2:
         return np.arange(T)
-    targets = np.geomspace(positive[0], ts[-1], num)
+    targets = np.concatenate(
+        [np.geomspace(positive[0], ts[-1], num), np.linspace(ts[0], ts[-1], num)]
+    )
     idx = np.clip(np.searchsorted(ts, targets), 0, T - 1)
     return np.union1d(idx, [0, T - 1])
 
