@@ -24,14 +24,16 @@ $M(t)$, $\lambda_k$ its eigenvalue, $v_k = W^\top u_k$ (so $|v_k|^2 =
 \lambda_k$) and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
 difference of the loss gradients at $W(t)$, the leading order lets $v_k$ grow
 by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top u_k$
-per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn a
-learned mode toward $u_k$, and it turns back). Carried to the switch-on $T_k$ at the predicted growth, the
-higher orders change the mode's amplitude by the factor
-$\rho_k = |\hat v_k(T_k) + D_k|^2$, $D_k = \int_0^{T_k} s_k / \sqrt{\lambda_k}\,dt$,
-which moves the switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth
-rate $r_k$: the *expected shift* $\epsilon_k = -\ln\rho_k/(r_k T_k) + r_k/4$
-(the last term the lag of gradient descent behind the flow), a relative error
-of the switch-on time.
+per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn
+a learned mode toward $u_k$, and it turns back). Carried to the switch-on
+$T_k$ at the predicted growth, the higher orders change the mode's amplitude
+by the factor $\rho_k = |\hat v_k(T_k) + D_k|^2$,
+$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{\lambda_k}\,dt$, which moves the
+switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth rate $r_k$; the
+weight $w_k = r_k / r_k(t)$ (at most 4) after the previous switch-on, while the
+mode's rate $r_k(t)$ falls as it saturates, 1 before. The *expected shift* is
+$\epsilon_k = -\ln\rho_k/(r_k T_k) + r_k/4$ (the last term the lag of gradient
+descent behind the flow), a relative error of the switch-on time.
 """
 
 import equinox as eqx
@@ -261,9 +263,7 @@ def expected_shifts(
         sign = np.where(v[:j, k] @ ref < 0, -1.0, 1.0)
         # a feed while the mode saturates (after the previous switch-on, its
         # rate below r) moves the switch-on by r / rate(t) times more
-        gain = np.where(
-            ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0
-        )
+        gain = np.where(ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0)
         fed = s[:j, k] * (sign * gain / np.sqrt(lam[:j, k]))[:, None]
         D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
         D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
@@ -431,12 +431,13 @@ def validity_of_run(
     *,
     tolerance: float | None = None,
     num_inputs: int = DEFAULT_NUM_INPUTS,
-    num_records: int = 32,
+    num_records: int = 24,
     ys: Float[ArrayLike, "n k"] | None = None,
     learning_rate: float | None = None,
 ) -> Validity:
     r"""The departure of a trained run from the quadratic form of its layer:
-    `leading_order_validity` at about `num_records` of its records, with
+    `leading_order_validity` at about twice `num_records` of its records
+    (`record_index`), with
     $W(t) = M(t)^{1/2} O$ (`factors_of`) from its `M` snapshots and the polar
     factor $O$ of its final weights (the run records `M`, not `W`); with the
     targets `ys` and the run's `learning_rate`, the expected shifts of its
