@@ -85,6 +85,13 @@ SWEEP = {
     "conv1d": (0.5, 1.0, 2.0),
 }
 SWEEP_SCALES = (1e-3, 1e-6)
+TITLES = {
+    "perceptron": "tanh perceptron (iris)",
+    "qk": "softmax QK head",
+    "ov": "OV heads (learn_qk)",
+    "moe": "mixture of experts",
+    "conv1d": "Conv1D (MNIST-1D)",
+}
 QUICK = (("sweep", "perceptron", 2.0, 1e-3), ("sweep", "perceptron", 1.0, 1e-6))
 QUICK += (("sweep", "qk", 1.0, 1e-3),)
 
@@ -306,7 +313,7 @@ def figures(rows: list[dict], folder: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     names = [s for s in SWEEP if any(r["case"] == s for r in rows)]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.4))
     axes = np.atleast_1d(axes)
     for ax, name in zip(axes, names):
         for sigma, color in zip(SWEEP_SCALES, ("C0", "C3")):
@@ -331,13 +338,16 @@ def figures(rows: list[dict], folder: str) -> list[str]:
                 color=color,
                 label=f"verdict, init {sigma:.0e}",
             )
-        ax.axhspan(0, 100 * CLEAR_BELOW, color="0.9", zorder=0)
+        ax.axhspan(0.05, 100 * CLEAR_BELOW, color="0.9", zorder=0)
         ax.axhline(100 * FLAG_ABOVE, color="0.5", lw=0.8, ls=":")
         ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_yscale("log")
+        ax.set_ylim(0.05, 150)
+        ax.set_xticks(SWEEP[name], [f"{a:g}" for a in SWEEP[name]])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("target scale")
-        ax.set_title(name)
-    axes[0].set_ylabel("switch-on error (%)")
+        ax.set_title(TITLES[name], fontsize=9)
+    axes[0].set_ylabel("largest switch-on error (%)")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
     os.makedirs(folder, exist_ok=True)
