@@ -20,7 +20,10 @@ the approximate Lotka-Volterra reduction (`engine=nqfjax.ApproximateLVEngine()`:
 system in the eigenbasis of `C`, whatever the violation of commutation) and
 reports its residual (the violation measured by the whole basis search; the
 automatic engine reports `lv_reduce`'s refusal at its first step, a lower
-bound) and its departure from the M-space flow.
+bound) and its departure from the M-space flow. Each row also says whether
+the prediction's verdict flags it (`Prediction.validity`: the leading order
+breaks before the third switch-on; `validity_calibration.py` measures how well
+the flag and the expected shifts predict the errors).
 
 Cases (width 64 units, the learning rate that makes the fastest growth rate
 `r_1 = 4 eta lambda_1(C) = 0.01` per step, the horizon of
@@ -182,6 +185,12 @@ def one_case(name: str, sigma: float, quick: bool) -> dict:
         "log_loss_departure": float(agree.log_loss_departure),
         "horizon": float(agree.horizon),
         "passed": passed,
+        "validity": {  # the verdict: see benchmarks/validity_calibration.py
+            "expected_shift": _floats(flow.validity.expected_shift[: errors.size]),
+            "breaks_at": float(flow.validity.breaks_at),
+            "flagged": bool(flow.validity.breaks_at <= float(agree.horizon)),
+            "verdict": flow.validity.verdict,
+        },
         "quadratic_model": {
             "time_errors": _floats(agree_q.time_errors),
             "log_loss_departure": float(agree_q.log_loss_departure),
@@ -233,7 +242,7 @@ def main(argv=None) -> dict:
     print(f"width {WIDTH}, r_1 = 0.01 per step, float64, criterion {CRITERION:.0%}")
     print(
         f"{'case':<14} {'p':>3} {'sigma':>6} {'viol':>5} {'switch-on errors':>26} "
-        f"{'dlogL':>6} {'pass':>4} | {'quadratic model':>26} {'dlogL':>6} "
+        f"{'dlogL':>6} {'pass':>4} {'flag':>4} | {'quadratic model':>26} {'dlogL':>6} "
         f"| {'approx LV errors':>26} {'dlogL':>6} "
         f"| {'flow':>6} {'train':>6}"
     )
@@ -246,6 +255,7 @@ def main(argv=None) -> dict:
             f"{name:<14} {row['p']:>3} {sigma:>6.0e} {row['violation']:>5.2f} "
             f"{_fmt_errors(row['time_errors']):>26} "
             f"{row['log_loss_departure']:>6.3f} {'yes' if row['passed'] else 'NO':>4} "
+            f"{'yes' if row['validity']['flagged'] else 'no':>4} "
             f"| {_fmt_errors(qm['time_errors']):>26} "
             f"{qm['log_loss_departure']:>6.3f} "
             f"| {_fmt_errors(lv['time_errors']):>26} "

@@ -71,8 +71,10 @@ class Prediction(eqx.Module):
       about $r/4$.
     - `validity`: where the leading order holds along the prediction (a
       `Validity`: the departure of the real layer from its quadratic form at
-      about 32 records, the step where it exceeds its tolerance, the lag of
-      gradient descent, and a one-line `verdict`).
+      about 40 records (log-spaced early, evenly spaced late), the expected
+      shift of each switch-on by the real layer's higher orders and the lag of
+      gradient descent, the step where it exceeds its tolerance, and a
+      one-line `verdict`).
 
     **Properties:** `switch_times` (`switch_ons.times`), shape `(q,)`, in time
     order (NaN for ranks already on at `ts[0]`); `switch_levels`, the threshold
@@ -345,7 +347,14 @@ def predict(
     else:
         factors, records = run.factors, grid[run.factor_index]
     validity = leading_order_validity(
-        structure, xs, jnp.asarray(factors, dtype), records, growth_rate=rate
+        structure,
+        xs,
+        jnp.asarray(factors, dtype),
+        records,
+        growth_rate=rate,
+        ys=ys,
+        learning_rate=eta,
+        switch_times=times,
     )
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(

@@ -137,6 +137,7 @@ def _summary(source, xs, arch, structure, hyper, P, trained, a) -> dict[str, Any
             "discretisation_lag": P.validity.discretisation_lag,
             "t": P.validity.ts,
             "departure": P.validity.departure,
+            "expected_shift": P.validity.expected_shift,
         },
         "curve": {"t": P.ts, "loss": P.loss},
     }

@@ -16,6 +16,24 @@ mean squared pre-activation). It is measured, not bounded: what it does to a
 prediction depends on how long the layer stays there; see `Validity` for the
 verdict and the docs page "Where the leading order holds" for the measured
 relation with the prediction's error.
+
+What moves a prediction is accumulated, not instantaneous: once a mode is
+learned, the real layer's higher orders *feed* the modes still waiting to
+switch on. Along the trajectory, with $u_k(t)$ the $k$-th eigenvector of
+$M(t)$, $\lambda_k$ its eigenvalue, $v_k = W^\top u_k$ (so $|v_k|^2 =
+\lambda_k$) and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
+difference of the loss gradients at $W(t)$, the leading order lets $v_k$ grow
+by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top u_k$
+per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn
+a learned mode toward $u_k$, and it turns back). Carried to the switch-on
+$T_k$ at the predicted growth, the higher orders change the mode's amplitude
+by the factor $\rho_k = |\hat v_k(T_k) + D_k|^2$,
+$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{\lambda_k}\,dt$, which moves the
+switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth rate $r_k$; the
+weight $w_k = r_k / r_k(t)$ (at most 4) after the previous switch-on, while the
+mode's rate $r_k(t)$ falls as it saturates, 1 before. The *expected shift* is
+$\epsilon_k = -\ln\rho_k/(r_k T_k) + r_k/4$ (the last term the lag of gradient
+descent behind the flow), a relative error of the switch-on time.
 """
 
 import equinox as eqx
@@ -27,11 +45,18 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
+from ._modes import learned_count
+from .switch_ons import rank_switch_ons
 
 
-#: The default tolerance of the verdict: the departure above which the
-#: leading order is said to break.
+#: The default tolerance of the departure: the departure above which the
+#: leading order is said to break when no expected shift is measured.
 DEFAULT_TOLERANCE = 0.1
+
+#: The default tolerance of the expected shift of a switch-on (a relative
+#: error of its time): between the 2% a row should keep and the 5% it misses by
+#: (docs: "Where the leading order holds").
+DEFAULT_SHIFT_TOLERANCE = 0.03
 
 #: The inputs the departure is averaged over (the first ones of the data).
 DEFAULT_NUM_INPUTS = 512
@@ -53,6 +78,19 @@ class Validity(eqx.Module):
       the flow per switch-on at the fastest growth rate $r$ per step (NaN when
       unknown).
     - `verdict`: one line in plain words.
+    - `switch_times`: the switch-ons whose shift was estimated (the predicted
+      `k`-th switch-on times, in time order), shape `(c,)`; empty when the
+      targets were not given.
+    - `expected_shift`: $\epsilon_k$ (see the module), the expected relative
+      error of those switch-on times, signed (> 0: the real network later),
+      shape `(c,)`; NaN for a rank that does not switch on.
+
+    With expected shifts, `tolerance` bounds $|\epsilon_k|$ and `breaks_at` is
+    the first switch-on whose $|\epsilon_k|$ exceeds it; without, it bounds the
+    departure.
+
+    **Properties:** `expected_error`, the largest $|\epsilon_k|$ (NaN when none
+    was estimated); `holds`.
     """
 
     ts: Float[Array, " R"]
@@ -61,11 +99,24 @@ class Validity(eqx.Module):
     breaks_at: float = eqx.field(static=True)
     discretisation_lag: float = eqx.field(static=True)
     verdict: str = eqx.field(static=True)
+    switch_times: Float[Array, " c"] = eqx.field(
+        default_factory=lambda: jnp.zeros(0), converter=jnp.asarray
+    )
+    expected_shift: Float[Array, " c"] = eqx.field(
+        default_factory=lambda: jnp.zeros(0), converter=jnp.asarray
+    )
+
+    @property
+    def expected_error(self) -> float:
+        r"""The largest expected relative error of a switch-on time,
+        $\max_k |\epsilon_k|$ (NaN when none was estimated)."""
+        shift = np.abs(np.asarray(self.expected_shift, np.float64))
+        return float(np.nanmax(shift)) if np.any(np.isfinite(shift)) else np.nan
 
     @property
     def holds(self) -> bool:
-        """Whether the departure stays within `tolerance` up to the last record
-        (and the lag within it too)."""
+        """Whether the leading order holds within `tolerance` up to the last
+        record (and the lag within it too)."""
         lag_ok = not self.discretisation_lag > self.tolerance
         return bool(np.isinf(self.breaks_at)) and lag_ok
 
@@ -90,12 +141,7 @@ def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
     if not np.any(measured):
         return float("nan"), "leading order not measured"
     over = np.nonzero(measured & (departure > tolerance))[0]
-    lag_note = (
-        f"; gradient descent lags the flow by about {100 * lag:.2g}% per "
-        "switch-on (lower the learning rate)"
-        if lag > tolerance
-        else ""
-    )
+    lag_note = _lag_note(lag, tolerance)
     if over.size == 0:
         top = float(np.nanmax(departure))
         return float("inf"), (
@@ -112,6 +158,120 @@ def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
     )
 
 
+def _lag_note(lag, tolerance) -> str:
+    return (
+        f"; gradient descent lags the flow by about {100 * lag:.2g}% per "
+        "switch-on (lower the learning rate)"
+        if lag > tolerance
+        else ""
+    )
+
+
+def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
+    """The verdict on the expected shifts of the switch-ons `times`."""
+    size = np.abs(shift)
+    known = np.isfinite(size)
+    if not np.any(known):
+        return float("inf"), (
+            f"the leading order holds up to step {float(ts[-1]):.4g} (no "
+            f"switch-on to time){_lag_note(lag, tolerance)}"
+        )
+    over = np.nonzero(known & (size > tolerance))[0]
+    if over.size == 0:
+        return float("inf"), (
+            f"the leading order holds: switch-ons expected within about "
+            f"{100 * float(np.nanmax(size)):.2g}% of the real network's up to step "
+            f"{float(ts[-1]):.4g}{_lag_note(lag, tolerance)}"
+        )
+    k = int(over[0])
+    before = size[:k][known[:k]]
+    held = f"to about {100 * float(np.max(before)):.2g}% " if before.size else ""
+    return float(times[k]), (
+        f"the leading order holds {held}until step {float(times[k]):.4g}; "
+        f"beyond it the real layer's higher orders move switch-on {k + 1} by "
+        f"about {100 * float(shift[k]):+.2g}%{_lag_note(lag, tolerance)}"
+    )
+
+
+@eqx.filter_jit
+def _gradient_gap(structure, xs, ys, Ws):
+    r"""At each record `W` of `Ws` (shape `(R, p, m)`): the norms of the real
+    layer's departure and of its quadratic part (as `_departures`), shapes
+    `(R,)`; the real layer's loss gradient less its quadratic form's,
+    $\delta g$, and the quadratic form's, shapes `(R, p, m)`; the loss
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$. One forward pass of each per record."""
+    zero = jnp.zeros((structure.p, 1), Ws.dtype)
+    f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
+    n = xs.shape[0]
+
+    def one(W):
+        f, pull_real = jax.vjp(
+            lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
+        )
+        quad, pull_quad = jax.vjp(lambda W: structure.contract_factor(xs, W), W)
+        (g_real,) = pull_real((f - ys) / n)
+        (g_quad,) = pull_quad((f0 + quad - ys) / n)
+        delta = f - f0 - quad
+        norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
+        return *norms, g_real - g_quad, g_quad
+
+    return jax.lax.map(one, Ws)
+
+
+def expected_shifts(
+    ts: Float[ArrayLike, " R"],
+    factors: Float[ArrayLike, "R p m"],
+    gap: Float[ArrayLike, "R p m"],
+    grad_quad: Float[ArrayLike, "R p m"],
+    learning_rate: float,
+    switch_times: Float[ArrayLike, " c"],
+) -> Float[np.ndarray, " c"]:
+    r"""$\epsilon_k$ of the module (the expected relative error of the `k`-th
+    switch-on time) from the weights `factors`, the gradient gap $\delta g$
+    and the quadratic form's gradient at the records `ts`, for the switch-ons
+    `switch_times` (by rank, in time order). Float64 numpy, shape `(c,)`; NaN
+    for a rank that does not switch on within the records."""
+    ts = np.asarray(ts, np.float64)
+    W = np.asarray(factors, np.float64)
+    times = np.asarray(switch_times, np.float64)
+    c = min(times.shape[0], W.shape[1], W.shape[2])
+    out = np.full(times.shape[0], np.nan)
+    if c == 0 or ts.shape[0] < 2:
+        return out
+    lam, U = np.linalg.eigh(W @ np.swapaxes(W, 1, 2))
+    lam = np.maximum(lam[:, ::-1][:, :c], np.finfo(np.float64).tiny)
+    U = U[:, :, ::-1][:, :, :c]
+    v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
+    s = -learning_rate * np.einsum("rpm,rpk->rkm", np.asarray(gap, np.float64), U)
+    g = np.einsum("rpm,rpk->rkm", np.asarray(grad_quad, np.float64), U)
+    rate = -2.0 * learning_rate * np.sum(g * v, -1) / lam  # d ln(lambda_k)/dt
+    # the feed along a larger mode's pattern v_j (j < k; the v are orthogonal)
+    # only turns that learned mode toward u_k, and it turns back: not a feed
+    along = np.einsum("rkm,rjm->rkj", s, v) / lam[:, None, :]
+    s = s - np.einsum("rkj,rjm->rkm", np.tril(along, -1), v)
+    for k in range(c):
+        T = times[k]
+        j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
+        if not (np.isfinite(T) and T > 0 and j >= 2):
+            continue
+        start = times[k - 1] if k and np.isfinite(times[k - 1]) else ts[0]
+        window = (ts >= start) & (ts <= T)
+        r = float(np.max(rate[window | (np.arange(ts.shape[0]) == j - 1), k]))
+        if not r > 0:
+            continue
+        ref = v[j - 1, k]
+        sign = np.where(v[:j, k] @ ref < 0, -1.0, 1.0)
+        # a feed while the mode saturates (after the previous switch-on, its
+        # rate below r) moves the switch-on by r / rate(t) times more
+        gain = np.where(ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0)
+        fed = s[:j, k] * (sign * gain / np.sqrt(lam[:j, k]))[:, None]
+        D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
+        D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
+        rho = float(np.sum((ref / np.linalg.norm(ref) + D) ** 2))
+        out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
+    return out
+
+
 def leading_order_validity(
     structure: AbstractStructure,
     xs: Float[ArrayLike, "n ..."],
@@ -119,12 +279,16 @@ def leading_order_validity(
     ts: Float[ArrayLike, " R"],
     *,
     growth_rate: float | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     num_inputs: int = DEFAULT_NUM_INPUTS,
+    ys: Float[ArrayLike, "n k"] | None = None,
+    learning_rate: float | None = None,
+    switch_times: Float[ArrayLike, " c"] | None = None,
 ) -> Validity:
     r"""The departure of the real layer from its quadratic form along the
     weights `factors` (one `(p, m)` matrix per record), over the first
-    `num_inputs` of `xs`, and the verdict at `tolerance`.
+    `num_inputs` of `xs`; with the targets `ys`, the expected shift of each
+    switch-on (see the module); and the verdict at `tolerance`.
 
     **Arguments:**
 
@@ -134,9 +298,15 @@ def leading_order_validity(
     - `ts`: the records' times (steps), shape `(R,)`, increasing.
     - `growth_rate`: the fastest linear growth rate $r$ per step (for the
       discretisation lag $r/4$); `None` leaves it unknown.
-    - `tolerance`: the departure above which the leading order breaks
-      (default 0.1), > 0.
+    - `tolerance`: the expected shift (default 0.03) or, without `ys`, the
+      departure (default 0.1) above which the leading order breaks, > 0.
     - `num_inputs`: how many inputs to average over (default 512), >= 1.
+    - `ys`: the targets, shape `(n, k)`: with them (and `learning_rate`), the
+      expected shifts of the switch-ons.
+    - `learning_rate`: $\eta > 0$, the time unit of `ts` (steps).
+    - `switch_times`: the switch-on times to estimate, by rank in time order,
+      shape `(c,)` (default: where the eigenvalues of $W W^\top$ by rank cross
+      half the smallest learned one, from the records).
 
     **Returns:** a `Validity`.
     """
@@ -152,19 +322,48 @@ def leading_order_validity(
         raise ValueError(
             f"`ts` must have shape (R,) = ({factors.shape[0]},), got {ts.shape}."
         )
+    if tolerance is None:
+        tolerance = DEFAULT_TOLERANCE if ys is None else DEFAULT_SHIFT_TOLERANCE
     if not (np.isfinite(tolerance) and tolerance > 0):
         raise ValueError(f"`tolerance` must be a finite number > 0, got {tolerance}.")
+    if ys is not None and not (
+        learning_rate is not None and np.isfinite(learning_rate) and learning_rate > 0
+    ):
+        raise ValueError(
+            f"`learning_rate` must be a finite number > 0 with `ys`, got "
+            f"{learning_rate!r}."
+        )
     if not (isinstance(num_inputs, int | np.integer) and num_inputs >= 1):
         raise ValueError(f"`num_inputs` must be an int >= 1, got {num_inputs!r}.")
     xs = check_batch(structure, jnp.asarray(xs)[:num_inputs])
     xs = xs.astype(jnp.result_type(xs.dtype, factors.dtype))
-    delta, quad = (
-        np.asarray(a, np.float64) for a in _departures(structure, xs, factors)
-    )
+    with_ys = ys is not None and ts.shape[0] > 0
+    if with_ys:
+        ys = jnp.asarray(ys, xs.dtype)[: xs.shape[0]]
+        if ys.shape != (xs.shape[0], structure.k):
+            raise ValueError(
+                f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
+            )
+        delta, quad, gap, grad = _gradient_gap(
+            structure, xs, ys, factors.astype(xs.dtype)
+        )
+    else:
+        delta, quad = _departures(structure, xs, factors)
+    delta, quad = (np.asarray(a, np.float64) for a in (delta, quad))
     with np.errstate(invalid="ignore", divide="ignore"):
         departure = np.where(quad > 0, delta / quad, np.nan)
     lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
-    breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
+    if not with_ys:
+        times, shift = np.zeros(0), np.zeros(0)
+        breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
+    else:
+        times = (
+            _rank_times(ts, np.asarray(factors, np.float64))
+            if switch_times is None
+            else np.asarray(switch_times, np.float64).reshape(-1)
+        )
+        shift = expected_shifts(ts, factors, gap, grad, float(learning_rate), times)
+        breaks_at, verdict = _shift_verdict(ts, times, shift, tolerance, lag)
     return Validity(
         ts=jnp.asarray(ts),
         departure=jnp.asarray(departure),
@@ -172,7 +371,17 @@ def leading_order_validity(
         breaks_at=breaks_at,
         discretisation_lag=lag,
         verdict=verdict,
+        switch_times=jnp.asarray(times),
+        expected_shift=jnp.asarray(shift),
     )
+
+
+def _rank_times(ts, W) -> np.ndarray:
+    """The switch-ons of the eigenvalues of `W W^T` by rank at the records
+    (`rank_switch_ons` of the learned ranks), shape `(c,)`."""
+    curves = np.linalg.eigvalsh(W @ np.swapaxes(W, 1, 2))[:, ::-1]
+    q = learned_count(curves[-1], float(curves[0, 0]))
+    return np.asarray(rank_switch_ons(ts, curves[:, :q]).times, np.float64)
 
 
 def polar_factor(W0: Float[ArrayLike, "p m"]) -> Float[np.ndarray, "p m"]:
@@ -197,16 +406,20 @@ def factors_of(
     return root @ polar_factor(W0)
 
 
-def record_index(ts: Float[ArrayLike, " T"], num: int = 32) -> np.ndarray:
-    """Indices of about `num` of the times `ts` (increasing), the nearest to
-    log-spaced times from the first positive one to the last, with the first and
-    the last: where the departure is measured along a prediction."""
+def record_index(ts: Float[ArrayLike, " T"], num: int = 24) -> np.ndarray:
+    """Indices of about `2 num` of the times `ts` (increasing): the nearest to
+    `num` log-spaced times from the first positive one to the last and to `num`
+    evenly spaced ones (the switch-ons, late, need the resolution in `t`), with
+    the first and the last: where the departure is measured along a
+    prediction."""
     ts = np.asarray(ts, np.float64)
     T = ts.shape[0]
     positive = ts[ts > 0]
-    if T <= num or positive.size < 2:
+    if T <= 2 * num or positive.size < 2:
         return np.arange(T)
-    targets = np.geomspace(positive[0], ts[-1], num)
+    targets = np.concatenate(
+        [np.geomspace(positive[0], ts[-1], num), np.linspace(ts[0], ts[-1], num)]
+    )
     idx = np.clip(np.searchsorted(ts, targets), 0, T - 1)
     return np.union1d(idx, [0, T - 1])
 
@@ -216,14 +429,19 @@ def validity_of_run(
     xs: Float[ArrayLike, "n ..."],
     result: TrainResult,
     *,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: float | None = None,
     num_inputs: int = DEFAULT_NUM_INPUTS,
-    num_records: int = 32,
+    num_records: int = 24,
+    ys: Float[ArrayLike, "n k"] | None = None,
+    learning_rate: float | None = None,
 ) -> Validity:
     r"""The departure of a trained run from the quadratic form of its layer:
-    `leading_order_validity` at about `num_records` of its records, with
+    `leading_order_validity` at about twice `num_records` of its records
+    (`record_index`), with
     $W(t) = M(t)^{1/2} O$ (`factors_of`) from its `M` snapshots and the polar
-    factor $O$ of its final weights (the run records `M`, not `W`).
+    factor $O$ of its final weights (the run records `M`, not `W`); with the
+    targets `ys` and the run's `learning_rate`, the expected shifts of its
+    switch-ons (`leading_order_validity`).
 
     **Raises:** `ValueError` when the run has no `M` snapshots
     (`train(..., snapshots=False)` or a `basis`).
@@ -242,4 +460,6 @@ def validity_of_run(
         np.asarray(result.ts, np.float64)[idx],
         tolerance=tolerance,
         num_inputs=num_inputs,
+        ys=ys,
+        learning_rate=learning_rate,
     )
