@@ -70,9 +70,8 @@ def test_forecast_from_the_first_third(p, alpha, beta, t_end_factor):
     print(f"in the band: {inside.mean():.0%}; median |log err| {np.median(error):.2g}")
     assert inside.mean() >= 0.8  # the bar (measured 100% for both)
     assert np.median(error) < 0.01  # measured 2e-4 and 1e-3
-    # the next switch-on: the forecast's t_k = (ln(m*/eps) - 1) / r_k against
-    # the measured half-way time ln(m*/eps - 1) / r_k (they differ by 1 / r_k,
-    # 4% here): within 10%
+    # the next switch-on: the forecast's half-way time ln(m*/eps - 1) / r_k
+    # against the measured one: within 10% (the fitted spectrum's error)
     k = int(fc.switch_on_modes[0])
     assert half[k - 2] < ts[seen][-1] < half[k - 1]  # it is the next one due
     np.testing.assert_allclose(fc.switch_on_times[0], half[k - 1], rtol=0.1)

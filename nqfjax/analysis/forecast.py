@@ -8,7 +8,8 @@ $m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all from
 $\epsilon$, amplitude $A$; the modes beyond `p` as a continuum) plus a floor
 $L_\infty$ (the loss no mode removes):
 $L(t) = L_\infty + A \sum_k \tfrac12 \lambda_k (m^*_k - m_k(t))^2$. Mode `k`
-switches on at $t_k = (\ln(m^*_k / \epsilon) - 1) / r_k$. A prefix that
+switches on (is half learned) at $t_k = \ln(m^*_k / \epsilon - 1) / r_k$, the
+switch-on time of `switch_on_times`. A prefix that
 resolves a few switch-ons fixes the exponents (the heights and times of the
 drops scale as $k^{-(\alpha + 2\beta)}$ and $k^{\alpha + \beta}$), and with
 them every later switch-on and the power law the merged modes make."""
@@ -48,7 +49,9 @@ class Forecast(eqx.Module):
       floor below the observed losses is not seen), widened by twice the
       fit's rms misfit in `log L` (at least 2%, the model's own error).
     - `switch_on_times`: when the next modes switch on (those after the
-      prefix, up to `until`), shape `(S,)` (at most 5); `switch_on_modes`: their
+      prefix, up to `until`): each one's half-way time
+      $\ln(m^*_k/\epsilon - 1)/r_k$, as `switch_on_times` defines it, shape
+      `(S,)` (at most 5); `switch_on_modes`: their
       indices `k` (1-based).
     - `final_level`, `final_lower`, `final_upper`: the loss at `until`, and its
       band.
@@ -150,10 +153,15 @@ def _shortened(t, use, n_windows, shrink, rng):
 
 def _switch_ons(theta, after: float, until: float, p: int, n_next: int = 5):
     """The first `n_next` modes `k <= p` switching on in `(after, until]`:
-    `t_k = (ln(m*_k / eps) - 1) / r_k`; `(times, k)`."""
+    the half-way times `t_k = ln(m*_k / eps - 1) / r_k`; `(times, k)`."""
     alpha, beta, log_eps, log_rate = (float(x) for x in theta[:4])
     k = np.arange(1, p + 1, dtype=np.float64)
-    t_k = (-beta * np.log(k) - log_eps - 1) / (np.exp(log_rate) * k ** -(alpha + beta))
+    growth = -beta * np.log(k) - log_eps  # ln(m*_k / eps)
+    # a mode that starts above its target never switches on (-inf: not due)
+    half = np.log(np.expm1(np.maximum(growth, 1e-300)))
+    t_k = np.where(growth > 0, half, -np.inf) / (
+        np.exp(log_rate) * k ** -(alpha + beta)
+    )
     due = np.flatnonzero((t_k > after) & (t_k <= until))[:n_next]
     return t_k[due], (due + 1).astype(np.int32)
 
