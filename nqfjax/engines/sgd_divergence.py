@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_key, check_shape, error_if, finite, positive, static_int
+from .._checks import check_key, check_shape, error_if, positive, static_int
 from ..tasks.gaussian import GaussianQuadraticTask
 from ._sgd_paths import path_loss, simulate_paths
 from .sgd_moments import (
@@ -51,6 +51,7 @@ from .sgd_moments import (
     check_divergence_factor,
     noise_factor,
     residual_moment,
+    schedule_inputs,
     task_modes,
     task_moments,
 )
@@ -312,24 +313,19 @@ def sgd_paths(
     **Raises:** `ValueError` as `sgd_moments` does, and for a bad `paths` or
     `key`.
     """
-    U, s_np, mu_np = task_modes(task)
-    d = s_np.shape[0]
-    eta = jnp.asarray(learning_rates)
-    bs = jnp.asarray(batch_sizes)
-    m0 = jnp.asarray(m0)
-    dtype = jnp.result_type(eta, bs, m0, task.covariance.dtype, float)
-    if eta.ndim != 1 or eta.shape[0] < 1:
-        raise ValueError(f"`learning_rates` must have shape (T,), got {eta.shape}.")
-    check_shape("batch_sizes", bs, eta.shape)
-    check_shape("m0", m0, (d,))
-    eta = positive("learning_rates", eta.astype(dtype))
-    bs = finite("batch_sizes", bs.astype(dtype))
-    m0 = positive("m0", m0.astype(dtype))
+    U, mom, n, eta, bs, m0, factor = schedule_inputs(
+        task,
+        learning_rates,
+        batch_sizes,
+        m0,
+        noise_variance,
+        samples,
+        num_samples,
+        divergence_factor,
+    )
+    dtype = eta.dtype
     paths = static_int("paths", paths)
     key = jax.random.key(0) if key is None else check_key(key)
-    factor = check_divergence_factor(divergence_factor)
-    mom, n = task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
-    bs = check_batch_sizes(bs, n)
     loss, first, threshold = _paths(mom, n, eta, bs, m0, key, paths, factor)
     return SGDPaths(loss, first, threshold, jnp.asarray(U, dtype))
 

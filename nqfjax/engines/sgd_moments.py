@@ -283,6 +283,42 @@ def sgd_moments(
     non-positive learning rates, batch sizes below 1 or above `num_samples`, a
     non-positive `m0` or a negative noise variance (`eqx.error_if` under `jit`).
     """
+    U, mom, num_samples, eta, bs, m0, factor = schedule_inputs(
+        task,
+        learning_rates,
+        batch_sizes,
+        m0,
+        noise_variance,
+        samples,
+        num_samples,
+        divergence_factor,
+    )
+    dtype = eta.dtype
+    loss, m, fluct, diverged_at = _solve(mom, num_samples, eta, bs, m0, factor)
+    return SGDMoments(
+        loss=loss,
+        m=m,
+        fluctuation=fluct,
+        basis=jnp.asarray(U, dtype),
+        diverged=diverged_at >= 0,
+        diverged_at=diverged_at,
+    )
+
+
+def schedule_inputs(
+    task,
+    learning_rates,
+    batch_sizes,
+    m0,
+    noise_variance,
+    samples,
+    num_samples,
+    divergence_factor,
+):
+    """The checked inputs of `sgd_moments` and `sgd_paths`: the mode basis `U`,
+    the task's `Moments`, the number of samples, the learning rates and batch
+    sizes `(T,)`, `m0` `(d,)` (in one floating dtype) and the divergence
+    factor. Raises `ValueError` as `sgd_moments` documents."""
     U, s_np, mu_np = task_modes(task)
     d = s_np.shape[0]
     eta = jnp.asarray(learning_rates)
@@ -297,19 +333,8 @@ def sgd_moments(
     bs = finite("batch_sizes", bs.astype(dtype))
     m0 = positive("m0", m0.astype(dtype))
     factor = check_divergence_factor(divergence_factor)
-    mom, num_samples = task_moments(
-        U, s_np, mu_np, noise_variance, samples, num_samples, dtype
-    )
-    bs = check_batch_sizes(bs, num_samples)
-    loss, m, fluct, diverged_at = _solve(mom, num_samples, eta, bs, m0, factor)
-    return SGDMoments(
-        loss=loss,
-        m=m,
-        fluctuation=fluct,
-        basis=jnp.asarray(U, dtype),
-        diverged=diverged_at >= 0,
-        diverged_at=diverged_at,
-    )
+    mom, n = task_moments(U, s_np, mu_np, noise_variance, samples, num_samples, dtype)
+    return U, mom, n, eta, check_batch_sizes(bs, n), m0, factor
 
 
 def check_divergence_factor(divergence_factor) -> float:
