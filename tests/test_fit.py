@@ -563,3 +563,25 @@ def test_one_default_spectrum_method():
         assert params["spectrum_method"].default == DEFAULT_SPECTRUM_METHOD
     args = nqfjax.cli._parser().parse_args(["fit", "c.csv"])
     assert args.spectrum_method == DEFAULT_SPECTRUM_METHOD
+
+
+@pytest.mark.slow  # a long physics check (the slow tier)
+def test_the_example_curve_is_a_staircase_turning_into_a_power_law():
+    # examples/power_law_curve.csv: 2000 logistic modes with alpha = 1,
+    # beta = 1/2 (the how-to's example): four resolved plateaus, then the
+    # merged modes' power law. A staircase model flexible enough to fit the
+    # tail as broad drops must not take it for a plain staircase.
+    from pathlib import Path
+
+    data = np.loadtxt(
+        Path(__file__).resolve().parents[1] / "examples" / "power_law_curve.csv",
+        delimiter=",",
+        comments="#",
+        skiprows=7,  # six comment lines and the header
+    )
+    ts, loss = data[:, 0], data[:, 1]
+    chosen = nqfjax.select_model(ts, loss)
+    assert chosen.best == "staircase turning into a power law", chosen
+    assert chosen.runner_up == "power law", chosen
+    plateaus = nqfjax.detect_plateaus(ts[ts > 0], loss[ts > 0])
+    assert len(plateaus) == 4, plateaus
