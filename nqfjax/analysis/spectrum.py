@@ -6,9 +6,9 @@ loss curve matches a measured one, found by least squares through the solver
 **Modes beyond `p`.** The first `p` modes are computed one by one; the modes
 `p < k <= n_modes` enter as a continuum with sharp switch-ons,
 $\tfrac12 \int_{\max(p + 1/2,\,k_t)}^{N + 1/2} k^{-(\alpha + 2\beta)} dk$ with
-$k_t$ the mode switching on at time $t$ (the sharp-switch sum, with the
-switch-on time $(\ln(m^*_k/\epsilon) - 1)/r_k$ that makes it exact to first
-order in the logistic's width). Without it a model shorter than the curve's
+$k_t$ the mode jumping at time $t$ (the sharp-switch sum, with the jump time
+$(\ln(m^*_k/\epsilon) - 1)/r_k$, one $1/r_k$ before the switch-on time, that
+makes the loss exact to first order in the logistic's width). Without it a model shorter than the curve's
 spectrum cannot match the curve (it lacks the other modes' unlearned loss from
 the start, and its loss drops to zero once its `p` modes are learned), and the
 exponents come out wrong: on a 2000-mode curve (`alpha = 1, beta = 0.5`,
@@ -185,8 +185,9 @@ def _log_tail(theta, ts, p: int, n_modes):
     \qquad s = \alpha + 2\beta,$$
 
     the midpoint (Euler-Maclaurin) approximation of $\sum_{k=p+1}^{N}$, exact
-    to $O(s^2 / p^2)$ relative. Mode `k` switches on at
-    $t_k = (\ln(m^*_k/\epsilon) - 1)/r_k$: the logistic's squared gap
+    to $O(s^2 / p^2)$ relative. Mode `k` jumps at
+    $t_k = (\ln(m^*_k/\epsilon) - 1)/r_k$ (one $1/r_k$ before its switch-on
+    time, the half-way point): the logistic's squared gap
     $\sigma(z)^2$, $z = \ln(m^*/\epsilon) - r t$, carries one unit of $z$ less
     than a sharp step at $z = 0$ ($\int (\sigma^2 - H)\,dz = -1$), so the
     shift by 1 makes the sharp sum exact to first order in the switch-on width.
