@@ -410,10 +410,14 @@ def test_fit_forecast(tmp_path, capsys):
     assert "forecast:  loss" in printed and "next switch-ons at t =" in printed
     fc = json.loads((out / "fit.json").read_text())["forecast"]
     assert fc["until"] == 1000 and len(fc["ts"]) == len(fc["lower"]) == 100
-    # the next mode due after t = 100 is k = 4 (mode 3 at 98, mode 4 at 138):
-    # its announced switch-on within 10% (the bar; measured 4%)
-    assert fc["next_switch_on_modes"][0] == 4 and t_on[2] < 100 < t_on[3]
-    np.testing.assert_allclose(fc["next_switch_on_times"][0], t_on[3], rtol=0.1)
+    # the modes due after t = 100: mode 4 (at 138) and later; mode 3 (half-way
+    # at 98, just before the prefix's end) may be announced too, its fitted
+    # time a few percent late. Each announced switch-on (a half-way time, as
+    # `switch_on_times` defines it) within 10% of the true one (the bar)
+    modes = np.array(fc["next_switch_on_modes"])
+    assert t_on[2] < 100 < t_on[3] and 4 in modes and modes.min() >= 3, modes
+    times = np.array(fc["next_switch_on_times"])
+    np.testing.assert_allclose(times, t_on[modes - 1], rtol=0.1)
     # the truth inside the written band on at least 80% of the forecast (the
     # issue's bar), scored where it is above 1e-6 of its start (beyond, the
     # learned modes decay to round-off)
