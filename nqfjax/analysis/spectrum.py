@@ -8,9 +8,10 @@ loss curve matches a measured one, found by least squares through the solver
 $\tfrac12 \int_{\max(p + 1/2,\,k_t)}^{N + 1/2} k^{-(\alpha + 2\beta)} dk$ with
 $k_t$ the mode jumping at time $t$ (the sharp-switch sum, with the jump time
 $(\ln(m^*_k/\epsilon) - 1)/r_k$, one $1/r_k$ before the switch-on time, that
-makes the loss exact to first order in the logistic's width). Without it a model shorter than the curve's
-spectrum cannot match the curve (it lacks the other modes' unlearned loss from
-the start, and its loss drops to zero once its `p` modes are learned), and the
+makes the loss exact to first order in the logistic's width). Without it a
+model shorter than the curve's spectrum cannot match the curve (it lacks the
+other modes' unlearned loss from the start, and its loss drops to zero once
+its `p` modes are learned), and the
 exponents come out wrong: on a 2000-mode curve (`alpha = 1, beta = 0.5`,
 `eps = 1e-16`, to `t = 1e6`-`2e6`) `p = 200` alone gave `alpha` = 1.9-2.6 and
 `beta` = 0.04-0.23. With the tail, `p = 200` reproduced that curve to 1% in
