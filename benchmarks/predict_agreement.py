@@ -71,6 +71,16 @@ from nqfjax.experiments.predict_file import default_hyperparameters  # noqa: E40
 
 WIDTH, RECORDS, CRITERION = 64, 200, 0.05
 SCALES = (1e-4, 1e-6)
+#: the data sets of the full run, in the table's order
+CASES = (
+    "wine",
+    "iris",
+    "breast_cancer",
+    "digits",
+    "sequences",
+    "sequences_small",
+    "mnist1d",
+)
 
 
 def teacher_sequences(
@@ -226,15 +236,7 @@ def main(argv=None) -> dict:
     if args.quick:
         plan = [(name, 1e-4) for name in ("iris", "sequences_small")]
     else:
-        names = (
-            "wine",
-            "iris",
-            "breast_cancer",
-            "digits",
-            "sequences",
-            "sequences_small",
-            "mnist1d",
-        )
+        names = CASES
         if args.cases:
             names = tuple(args.cases.split(","))
         plan = [(name, sigma) for name in names for sigma in scales]

@@ -31,9 +31,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import nqfjax
+from nqfjax.experiments.schedules import standard_shapes
 
 
 jax.config.update("jax_enable_x64", True)
@@ -153,20 +153,6 @@ def integer_batches(b):
     return np.maximum(out, 1.0)
 
 
-def shapes(T):
-    t = jnp.arange(T)
-    tiny = 1e-6
-    return {
-        "constant": jnp.ones(T),
-        "cosine": optax.cosine_decay_schedule(1.0, T)(t) + tiny,
-        "warmup-cosine": optax.warmup_cosine_decay_schedule(0.0, 1.0, T // 10, T)(t)
-        + tiny,
-        "step decay": optax.piecewise_constant_schedule(
-            1.0, {T // 2: 0.1, (3 * T) // 4: 0.1}
-        )(t),
-    }
-
-
 def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     T, batch = cfg["T"], cfg["batch"]
     task = nqfjax.gaussian_quadratic_task(np.diag(cfg["s"]), np.diag(cfg["mu"]))
@@ -256,7 +242,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     peaks = np.geomspace(eta_max / 20, eta_max, args.peaks)
     b_const = np.full(T, float(batch))
     real_tuned = {}
-    for shape_name, shape in shapes(T).items():
+    for shape_name, shape in standard_shapes(T).items():
         scores = [
             typical(*run_real(cfg, p * np.asarray(shape), b_const, keys), 0.05)[0]
             for p in peaks

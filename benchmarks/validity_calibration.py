@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import machine, make_parser, write_json  # noqa: E402
 from predict_agreement import (  # noqa: E402
+    CASES as AGREEMENT_CASES,
     case_data,
     mnist1d_one_class,
     teacher_sequences,
@@ -68,15 +69,6 @@ from nqfjax.experiments.predict_file import default_hyperparameters  # noqa: E40
 
 
 WIDTH, FLAG_ABOVE, CLEAR_BELOW, SPEARMAN = 64, 0.05, 0.02, 0.9
-AGREEMENT_CASES = (
-    "wine",
-    "iris",
-    "breast_cancer",
-    "digits",
-    "sequences",
-    "sequences_small",
-    "mnist1d",
-)
 SWEEP = {
     "perceptron": (0.5, 1.0, 2.0),
     "qk": (0.1, 0.3, 1.0),

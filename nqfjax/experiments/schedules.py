@@ -126,6 +126,24 @@ def _best_peak(task, shape, batch_sizes, m0, peaks, name, model, crit) -> Schedu
     return best
 
 
+def standard_shapes(T: int) -> dict[str, Float[Array, " T"]]:
+    """The standard learning-rate shapes over `T` steps, peak 1, by name:
+    constant, cosine, warmup-cosine (10% warmup) and step decay (x0.1 at half
+    and three quarters of the run); the decaying ones end at `1e-6`, not 0
+    (`sgd_moments` needs every rate > 0)."""
+    t = jnp.arange(T)
+    tiny = 1e-6
+    return {
+        "constant": jnp.ones(T),
+        "cosine": optax.cosine_decay_schedule(1.0, T)(t) + tiny,
+        "warmup-cosine": optax.warmup_cosine_decay_schedule(0.0, 1.0, T // 10, T)(t)
+        + tiny,
+        "step decay": optax.piecewise_constant_schedule(
+            1.0, {T // 2: 0.1, (3 * T) // 4: 0.1}
+        )(t),
+    }
+
+
 def standard_schedules(
     task: GaussianQuadraticTask,
     budget: int,
@@ -167,22 +185,11 @@ def standard_schedules(
         raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
     if not max_learning_rate > 0:
         raise ValueError(f"`max_learning_rate` must be > 0, got {max_learning_rate}.")
-    t = jnp.arange(T)
     b = jnp.full(T, budget / T)
     peaks = np.geomspace(max_learning_rate / 20, max_learning_rate, num_peaks)
-    tiny = 1e-6  # the schedules end at 0; `sgd_moments` needs eta > 0
-    shapes = {
-        "constant": jnp.ones(T),
-        "cosine": optax.cosine_decay_schedule(1.0, T)(t) + tiny,
-        "warmup-cosine": optax.warmup_cosine_decay_schedule(0.0, 1.0, T // 10, T)(t)
-        + tiny,
-        "step decay": optax.piecewise_constant_schedule(
-            1.0, {T // 2: 0.1, (3 * T) // 4: 0.1}
-        )(t),
-    }
     out = [
         _best_peak(task, shape, b, m0, peaks, name, model, crit)
-        for name, shape in shapes.items()
+        for name, shape in standard_shapes(T).items()
     ]
     cosine = out[1]
     weight = cosine.learning_rates / cosine.predicted_loss[:-1]
