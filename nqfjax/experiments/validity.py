@@ -61,25 +61,6 @@ DEFAULT_SHIFT_TOLERANCE = 0.03
 #: The inputs the departure is averaged over (the first ones of the data).
 DEFAULT_NUM_INPUTS = 512
 
-#: XLA options for the verdict's passes on the CPU: they run once per record on
-#: small arrays, so compiling them dominates their cost; without LLVM's
-#: optimisations the compile takes about half as long (measured in
-#: `benchmarks/validity_calibration.py`), the results equal to rounding.
-_CPU_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-def _quick_compile(fn):
-    """`fn` under `eqx.filter_jit`, compiled with `_CPU_COMPILE` on the CPU
-    (the options are the CPU backend's; elsewhere the default compile)."""
-    default = eqx.filter_jit(fn)
-    cheap = eqx.filter_jit(fn, compiler_options=_CPU_COMPILE)
-
-    def call(*args):
-        return (cheap if jax.default_backend() == "cpu" else default)(*args)
-
-    call.__doc__ = fn.__doc__
-    return call
-
 
 class Validity(eqx.Module):
     r"""How far the real layer is from its quadratic form along a trajectory
@@ -140,7 +121,7 @@ class Validity(eqx.Module):
         return bool(np.isinf(self.breaks_at)) and lag_ok
 
 
-@_quick_compile
+@eqx.filter_jit
 def _departures(structure, xs, Ws):
     """`(||delta||, ||quadratic||)` per factor, `Ws` of shape `(R, p, m)`."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
@@ -212,7 +193,7 @@ def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
     )
 
 
-@_quick_compile
+@eqx.filter_jit
 def _gradient_gap(structure, xs, ys, Ws):
     r"""At each record `W` of `Ws` (shape `(R, p, m)`): the norms of the real
     layer's departure and of its quadratic part (as `_departures`), shapes
