@@ -12,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
+from .staircase import StaircasePlateaus, fit_staircase, read_plateaus
 
 
 # ---------------------------------------------------------------------------
@@ -33,6 +34,9 @@ class Plateaus(eqx.Module):
       `drop_times_err` (the noise of the smoothed level over the steepness of
       the drop, and the grid's resolution).
     - `reason`: why there is no plateau (`""` when there is one).
+    - `ambiguous`: where the data cannot tell (`""` when they can): two drops
+      closer than their widths (counted as one), or a drop no larger than
+      the noise (not counted); the count is then a lower bound.
     """
 
     start: Float[Array, " P"]
@@ -44,6 +48,7 @@ class Plateaus(eqx.Module):
     drop_err: Float[Array, " P-1"]
     drop_times_err: Float[Array, " P-1"]
     reason: str = eqx.field(static=True, default="")
+    ambiguous: str = eqx.field(static=True, default="")
 
     def __len__(self) -> int:
         return int(self.level.shape[0])
@@ -91,11 +96,31 @@ def detect_plateaus(
     floor: float | None = None,
     n_grid: int = 1024,
     min_samples: int | None = None,
+    method: str = "model",
 ) -> Plateaus:
     r"""Find the plateaus and drops of a measured loss curve.
 
-    Works in log-log coordinates, where the plateaus of a staircase are flat and
-    equally resolved at every time scale:
+    **`method="model"`** (default): a staircase of `K = 1..6` drops, each with
+    its own height, position, steepness and asymmetry (from a sigmoid in
+    $\log t$ to an isolated mode's logistic in $t$), plus a floor, fitted to
+    the log-binned medians of $\ln L$ with `K` chosen by BIC under the
+    noise measured from the data (`analysis/staircase.py`); the plateaus are
+    read off it and checked against the data: a drop spans 20%-80% of its
+    fall in $\ln L$, overlapping drops count as one, a drop under
+    `min_drop` or within 4 standard errors of the noise is not counted, and
+    a plateau is a stretch before, between or after drops with at least 3
+    samples over `min_length` decades and a log-log slope below
+    `max(slope_tol, half its neighbouring drops' steepness)` (a power law
+    has none). Levels are the fitted asymptotes, drop times where the fitted
+    curve crosses each drop's middle. Where the data cannot tell (drops
+    closer than their widths, a drop within the noise, another `K` within
+    10 of BIC) `ambiguous` says so. Holds across the sharpness of the drops
+    (see the how-to's table of measured rates); about a second per curve.
+
+    **`method="slope"`**: the earlier detector, fast but for sharp drops only
+    (a fixed log-log slope threshold `drop_slope`; gentle drops are missed).
+    It works in log-log coordinates, where the plateaus of a staircase are
+    flat and equally resolved at every time scale:
 
     1. a robust local level $y = \ln\max(L, \text{floor})$ (in effect a
        log-binning): around each of `n_grid` points in $\log_{10} t$, the median
@@ -131,7 +156,7 @@ def detect_plateaus(
     - `ts`: times, shape `(T,)`, strictly increasing and `> 0`.
     - `loss`: the loss at `ts`, shape `(T,)`, finite.
     - `drop_slope`: `|d ln L / d ln t|` above which the curve is dropping
-      (default 1).
+      (default 1; `"slope"` only).
     - `slope_tol`: `|d ln L / d ln t|` below which it is flat (default 0.15).
     - `min_length`: shortest stretch between drops, in decades (default 0.05).
     - `min_drop`: smallest relative change between plateau levels (default 0.1).
@@ -139,6 +164,8 @@ def detect_plateaus(
     - `floor`: losses below it are raised to it, so that a curve falling to 0
       ends on a plateau at `floor` (default `1e-6 max(loss)`); must be `> 0`.
     - `n_grid`: points of the log-time grid (default 1024).
+    - `method`: `"model"` (default) or `"slope"` (see above; `smooth`,
+      `n_grid`, `min_samples` and `drop_slope` are the slope detector's).
     - `min_samples`: fewest samples behind each local median (default: from
       the noise, `(sigma / 0.04)^2` clipped to `[3, 9]`, `sigma` the scatter of
       `ln L` between neighbouring samples: a clean curve sampled sparsely at
@@ -149,9 +176,11 @@ def detect_plateaus(
 
     **Raises:** `ValueError` for malformed input (shapes, non-positive or
     non-increasing times, non-finite losses, a negative maximum, a `floor`
-    `<= 0`, bad options, traced arguments).
+    `<= 0`, bad options, an unknown `method`, traced arguments).
     """
     eager_only("detect_plateaus", "the plateaus are found in numpy", ts=ts, loss=loss)
+    if method not in ("model", "slope"):
+        raise ValueError(f"`method` must be 'model' or 'slope', got {method!r}.")
     ts, loss, floor = _check_plateau_args(
         ts,
         loss,
@@ -167,6 +196,12 @@ def detect_plateaus(
     if floor is None:
         return _no_plateaus(
             "no plateau: the loss is 0 everywhere (nothing to place on a log scale)"
+        )
+    if method == "model":
+        floored = np.maximum(loss, floor)
+        stairs = fit_staircase(ts, floored)
+        return as_plateaus(
+            read_plateaus(stairs, ts, floored, slope_tol, min_length, min_drop)
         )
     u, floored = np.log10(ts), np.maximum(loss, floor)
     y_raw = np.log(floored)
@@ -432,3 +467,20 @@ def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:
         times.append(10**u_mid)
         errs.append(10**u_mid * np.log(10) * err_u)
     return np.asarray(times), np.asarray(errs)
+
+
+def as_plateaus(read: StaircasePlateaus) -> Plateaus:
+    """The `Plateaus` of a staircase's plateaus read off its fit."""
+    lev, lev_err = read.level, read.level_err
+    return Plateaus(
+        start=jnp.asarray(read.start),
+        end=jnp.asarray(read.end),
+        level=jnp.asarray(lev),
+        drop=jnp.asarray(lev[:-1] - lev[1:]),
+        drop_times=jnp.asarray(read.drop_times),
+        level_err=jnp.asarray(lev_err),
+        drop_err=jnp.asarray(np.hypot(lev_err[:-1], lev_err[1:])),
+        drop_times_err=jnp.asarray(read.drop_times_err),
+        reason=read.reason,
+        ambiguous=read.ambiguous,
+    )

@@ -132,7 +132,7 @@ def _auto_window_after_staircase(t, y):
     window = _auto_window(t, y)
     pos = t > 0
     if window is not None and pos.sum() >= 8 and np.max(y[pos]) > 0:
-        found = detect_plateaus(t[pos], y[pos])
+        found = detect_plateaus(t[pos], y[pos], method="slope")
         # where the staircase's structure ends: after each drop between two
         # plateaus, the next plateau's start; after the last plateau (unless
         # it is the end of the curve), its end

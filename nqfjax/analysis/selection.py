@@ -7,17 +7,22 @@ The three candidates are one family (fitted in one vmapped, compiled call):
 $$L(t) = L_\infty + \sum_{k \le K} \frac{h_k}{\big(1 + e^{s_k (t / t_k - 1)}\big)^2}
 + c\,(t + t_0)^{-\gamma}$$
 
-- staircase: the power law off, `K` the number of drops `detect_plateaus`
-  finds (each term is an isolated mode's loss: its gap is a logistic in `t`,
-  switching on at `t_k` with `s_k = r_k t_k = \ln(m^*/\epsilon)`);
+- staircase: `fit_staircase`'s model (`staircase.py`: `K` drops each with its
+  own height, position, steepness and asymmetry, between a sigmoid in
+  `log t` and an isolated mode's logistic in `t`, `K` chosen by BIC), scored
+  here on the same bins as the others with `k = 2 + 4K`, and `n_modes` the
+  drops it sees (`read_plateaus`: within the data, overlapping ones counted
+  once, those within the noise not counted);
 - power law: `K = 0` (`fit_power_law`'s model on the whole curve);
 - staircase turning into a power law: the drops before `fit_power_law`'s
   window, and the power law.
 
 $\mathrm{BIC} = n \ln(\mathrm{RSS}/n) + k \ln n$, with `RSS` the sum of squared
 residuals of $\log L$ over the `n` points and `k` the number of parameters
-(`1 + 3K`, `4`, `4 + 3K`): a lower value is better; a difference above 10 is
+(`2 + 4K`, `4`, `4 + 3K`): a lower value is better; a difference above 10 is
 "very strong" evidence (Kass and Raftery, 1995)."""
+
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -27,8 +32,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
-from .plateaus import detect_plateaus
+from .plateaus import as_plateaus
 from .power_law import fit_power_law, log_bins, pad_bins, power_law_starts
+from .staircase import Staircase, fit_staircase, read_plateaus
 
 
 #: The most modes a staircase candidate has (one compilation for every curve).
@@ -56,6 +62,10 @@ class ModelSelection(eqx.Module):
       and `rms` are then kept for inspection).
     - `theta`: the best model's fitted parameters in the family's scaled
       coordinates (see `curve`; empty where nothing was selected).
+    - `staircase`: the staircase fitted (a `Staircase`: its plateau `levels`,
+      `drop_times`, `widths`, `floor`; `None` where the curve had nothing to
+      fit), whichever shape won; and `ambiguous`: what the data cannot tell
+      about its drops (`""` when nothing).
 
     **Methods:** `curve(ts)`, the best model's loss at any times, shape `(T,)`.
     """
@@ -73,11 +83,16 @@ class ModelSelection(eqx.Module):
     power: float = eqx.field(static=True, default=0.0)
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
+    staircase: Staircase | None = None
+    ambiguous: str = eqx.field(static=True, default="")
 
     def curve(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
         """The best model's loss at `ts` (shape `(T,)`; NaN where nothing was
         selected)."""
         ts = jnp.asarray(ts, jnp.result_type(float))
+        if self.best == "staircase" and self.staircase is not None:
+            with np.errstate(divide="ignore"):  # t = 0: ln t = -inf
+                return self.staircase.curve(np.asarray(ts))
         if self.theta.size == 0:
             return jnp.full(ts.shape, jnp.nan)
         u = ts / self.t_ref
@@ -155,18 +170,23 @@ def select_model(
     pos = y > 0
     t, y = t[pos], y[pos]
     t_ref, l_ref = t[-1], np.exp(np.mean(np.log(y)))
-    plateaus = detect_plateaus(t[t > 0], y[t > 0]) if np.sum(t > 0) >= 8 else None
+    stairs, plateaus, n_drops = None, None, 0
+    if np.sum(t > 0) >= 8:
+        tp, yp = t[t > 0], y[t > 0]
+        stairs = fit_staircase(tp, yp)
+        read = read_plateaus(stairs, tp, yp)
+        plateaus, n_drops = as_plateaus(read), read.n_drops
     law = fit_power_law(t, y, uncertainty="laplace")
     thetas, modes, power, names = [], [], [], []
-    # the staircase: a mode per drop (one drop, where there is none: the
-    # curve's fall, at its geometric middle)
-    if plateaus is not None and len(plateaus) >= 2:
-        levels, drops = np.asarray(plateaus.level), np.asarray(plateaus.drop_times)
-    else:
-        levels = np.array([np.max(y), np.min(y)])
-        drops = np.array([np.sqrt(max(t[0], t[t > 0][0]) * t[-1])])
-    stairs, n = _stairs_start(levels, drops, t_ref, l_ref)
-    thetas.append(np.concatenate([[levels[-1] / l_ref, 0.0, 0.0, 0.0], stairs]))
+    # a placeholder row (the staircase is fitted by `fit_staircase`; the
+    # batch keeps its shape, one compilation for every curve)
+    stairs_row, n = _stairs_start(
+        np.array([np.max(y), np.min(y)]),
+        np.array([np.sqrt(max(t[0], t[t > 0][0]) * t[-1])]),
+        t_ref,
+        l_ref,
+    )
+    thetas.append(np.concatenate([[np.min(y) / l_ref, 0.0, 0.0, 0.0], stairs_row]))
     modes.append(np.arange(_MAX_MODES) < n)
     power.append(0.0)
     names.append(_NAMES[0])
@@ -193,18 +213,18 @@ def select_model(
         before = np.flatnonzero(np.array(drops) < law.window[0])
         if before.size and np.all(np.isfinite(drops)):
             n_before = before.size
-            stairs, n = _stairs_start(
+            mixed_modes, n = _stairs_start(
                 np.array(levels[: n_before + 1]),
                 np.array(drops[:n_before]),
                 t_ref,
                 l_ref,
             )
             start = _law_start(law, t_ref, l_ref)
-            thetas.append(np.concatenate([start, stairs]))
+            thetas.append(np.concatenate([start, mixed_modes]))
             modes.append(np.arange(_MAX_MODES) < n)
             power.append(1.0)
             names.append(_NAMES[2])
-    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names)
+    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names, stairs, n_drops)
     # a winner that misses the curve far beyond its noise is no answer
     noise = log_noise(np.log(y))
     if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
@@ -214,9 +234,18 @@ def select_model(
             f"{noise:.2g}, 0.1) (a cutoff or a regime the three shapes lack)"
         )
         return ModelSelection(
-            "", "", "", "BIC", chosen.scores, chosen.rms, 0, reason=reason
+            "",
+            "",
+            "",
+            "BIC",
+            chosen.scores,
+            chosen.rms,
+            0,
+            reason=reason,
+            staircase=stairs,
         )
-    return chosen
+    ambiguous = "" if plateaus is None else plateaus.ambiguous
+    return dataclasses.replace(chosen, staircase=stairs, ambiguous=ambiguous)
 
 
 def _law_start(fit, t_ref, l_ref):
@@ -232,8 +261,12 @@ def _law_start(fit, t_ref, l_ref):
     )
 
 
-def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
-    """Fit the candidates and rank them by BIC."""
+def _score(
+    t, y, t_ref, l_ref, thetas, modes, power, names, stairs, n_drops
+) -> ModelSelection:
+    """Fit the candidates and rank them by BIC (the staircase already fitted:
+    `stairs`, scored on the same bins, or left out where `None` or without
+    a drop seen)."""
     tb, lyb, wb, within = log_bins(t / t_ref, np.log(y / l_ref))
     m = tb.size
     u, ly = pad_bins(tb, lyb)
@@ -252,10 +285,17 @@ def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
     for i, name in enumerate(names):
         total = float(rss[i]) + within
         params = 4 * int(on[i]) + 3 * int(mask[i].sum()) + (1 - int(on[i]))
+        if name == _NAMES[0]:
+            if stairs is None or n_drops == 0:
+                continue
+            with np.errstate(divide="ignore"):
+                fitted_ly = np.log(np.asarray(stairs.curve(tb * t_ref)) / l_ref)
+            total = float(np.sum(wb * (fitted_ly - lyb) ** 2)) + within
+            params = 2 + 4 * stairs.n_modes
         if np.isfinite(total):
             scores[name] = n * np.log(max(total, 1e-300) / n) + params * np.log(n)
             rms[name] = float(np.sqrt(total / n))
-            sizes[name] = int(mask[i].sum())
+            sizes[name] = n_drops if name == _NAMES[0] else int(mask[i].sum())
     if not scores:
         return ModelSelection("", "", "", "BIC", {}, {}, 0, reason="every fit failed")
     ranked = sorted(scores, key=scores.get)
