@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import equinox as eqx
@@ -12,7 +13,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
-from .staircase import StaircasePlateaus, fit_staircase, read_plateaus
+from .staircase import Staircase, StaircasePlateaus, fit_staircase, read_plateaus
+from .window import window_after_staircase
 
 
 # ---------------------------------------------------------------------------
@@ -199,10 +201,8 @@ def detect_plateaus(
         )
     if method == "model":
         floored = np.maximum(loss, floor)
-        stairs = fit_staircase(ts, floored)
-        return as_plateaus(
-            read_plateaus(stairs, ts, floored, slope_tol, min_length, min_drop)
-        )
+        _, read = model_plateaus(ts, floored, slope_tol, min_length, min_drop)
+        return as_plateaus(read)
     u, floored = np.log10(ts), np.maximum(loss, floor)
     y_raw = np.log(floored)
     sigma = log_noise(y_raw)
@@ -484,3 +484,32 @@ def as_plateaus(read: StaircasePlateaus) -> Plateaus:
         reason=read.reason,
         ambiguous=read.ambiguous,
     )
+
+
+def model_plateaus(
+    ts, loss, slope_tol=0.15, min_length=0.05, min_drop=0.1
+) -> tuple[Staircase, StaircasePlateaus]:
+    """The staircase model's plateaus of a curve (`ts > 0` increasing, `loss >
+    0`, numpy, shape `(T,)`): the staircase fitted to the whole curve, or,
+    where it ends falling (`read_plateaus`: a tail after its last drop) and
+    has plateaus before a power-law window (`window_after_staircase`),
+    refitted to the points before that window only (at least 8), so that the
+    tail's power law is not fitted as broad drops that swallow the last
+    steps; the refit is kept where it finds as many plateaus or more, with
+    `ends_falling`. **Returns:** `(stairs, read)`."""
+    stairs = fit_staircase(ts, loss)
+    read = read_plateaus(stairs, ts, loss, slope_tol, min_length, min_drop)
+    if not (read.ends_falling and read.level.size):
+        return stairs, read
+    window, _ = window_after_staircase(
+        ts, loss, partial(detect_plateaus, method="slope")
+    )
+    before = ts < window[0] if window is not None else np.zeros(ts.size, bool)
+    if before.sum() < 8:
+        return stairs, read
+    tb, lb = ts[before], loss[before]
+    refit = fit_staircase(tb, lb)
+    again = read_plateaus(refit, tb, lb, slope_tol, min_length, min_drop)
+    if again.level.size < read.level.size:
+        return stairs, read
+    return refit, again._replace(ends_falling=True)

@@ -32,9 +32,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
-from .plateaus import as_plateaus
+from .plateaus import as_plateaus, model_plateaus
 from .power_law import fit_power_law, log_bins, pad_bins, power_law_starts
-from .staircase import Staircase, fit_staircase, read_plateaus
+from .staircase import Staircase
 
 
 #: The most modes a staircase candidate has (one compilation for every curve).
@@ -172,10 +172,11 @@ def select_model(
     t_ref, l_ref = t[-1], np.exp(np.mean(np.log(y)))
     stairs, plateaus, n_drops = None, None, 0
     if np.sum(t > 0) >= 8:
-        tp, yp = t[t > 0], y[t > 0]
-        stairs = fit_staircase(tp, yp)
-        read = read_plateaus(stairs, tp, yp)
-        plateaus, n_drops = as_plateaus(read), read.n_drops
+        stairs, read = model_plateaus(t[t > 0], y[t > 0])
+        plateaus = as_plateaus(read)
+        # a staircase ends on a plateau: one whose last drop still falls at
+        # the end of the data is a tail (a power law's), no candidate
+        n_drops = 0 if read.ends_falling else read.n_drops
     law = fit_power_law(t, y, uncertainty="laplace")
     thetas, modes, power, names = [], [], [], []
     # a placeholder row (the staircase is fitted by `fit_staircase`; the
@@ -226,12 +227,15 @@ def select_model(
             names.append(_NAMES[2])
     chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names, stairs, n_drops)
     # a winner that misses the curve far beyond its noise is no answer
+    # (judged on the 95% of the points closest to it: spikes are no regime)
     noise = log_noise(np.log(y))
-    if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
+    miss = _core_rms(chosen, t, y) if chosen.best else 0.0
+    if chosen.best and miss > max(3 * noise, 0.1):
         reason = (
             f"no shape fits: the best, {chosen.best}, misses by an rms of "
-            f"{chosen.rms[chosen.best]:.2g} in log L, above max(3 x its noise "
-            f"{noise:.2g}, 0.1) (a cutoff or a regime the three shapes lack)"
+            f"{miss:.2g} in log L (on the 95% of points closest to it), above "
+            f"max(3 x its noise {noise:.2g}, 0.1) (a cutoff or a regime the "
+            "three shapes lack)"
         )
         return ModelSelection(
             "",
@@ -246,6 +250,17 @@ def select_model(
         )
     ambiguous = "" if plateaus is None else plateaus.ambiguous
     return dataclasses.replace(chosen, staircase=stairs, ambiguous=ambiguous)
+
+
+def _core_rms(chosen, t, y):
+    """The rms residual of `log L` about the chosen model on the 95% of the
+    points (`t > 0`) closest to it."""
+    pos = t > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = np.log(np.asarray(chosen.curve(t[pos]), float) / y[pos])
+    res = np.sort(np.abs(np.where(np.isfinite(res), res, np.inf)))
+    keep = res[: max(int(np.ceil(0.95 * res.size)), 1)]
+    return float(np.sqrt(np.mean(keep**2)))
 
 
 def _law_start(fit, t_ref, l_ref):

@@ -368,7 +368,9 @@ class StaircasePlateaus(NamedTuple):
     """The plateaus read off a fitted staircase (`read_plateaus`), numpy
     arrays of shape `(P,)` (`start`, `end`, `level`, `level_err`) and `(P -
     1,)` (`drop_times`, `drop_times_err`); `n_drops` counted, `reason` (no
-    plateau) and `ambiguous` (what the data cannot tell)."""
+    plateau), `ambiguous` (what the data cannot tell) and `ends_falling`
+    (no plateau after the last drop: the curve ends in a tail, not on a
+    step of a staircase)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -379,11 +381,12 @@ class StaircasePlateaus(NamedTuple):
     n_drops: int
     reason: str = ""
     ambiguous: str = ""
+    ends_falling: bool = False
 
 
-def _none(reason, ambiguous, n_drops=0) -> StaircasePlateaus:
+def _none(reason, ambiguous, n_drops=0, ends_falling=False) -> StaircasePlateaus:
     empty = np.zeros(0)
-    return StaircasePlateaus(*([empty] * 6), n_drops, reason, ambiguous)
+    return StaircasePlateaus(*([empty] * 6), n_drops, reason, ambiguous, ends_falling)
 
 
 def _kept_drops(stairs: Staircase, lt, min_drop):
@@ -467,6 +470,10 @@ def read_plateaus(
       them. Without a drop, the curve is one plateau if its log-log slope is
       below `slope_tol`, else none.
 
+    `ends_falling` where the stretch after the last drop is no plateau (the
+    drop still falls at the end of the data: a tail, such as a power law's,
+    not a drop of a staircase).
+
     Levels are the medians of the samples where the fitted curve is within
     2% of its asymptotic level (`F + sum_{j > i} H_j`), or that level where
     it never is (fewer than 3 such samples), with the standard error of a
@@ -500,7 +507,7 @@ def read_plateaus(
                 ambiguous=ambiguous,
             )
         reason = "no plateau: no drop stands out of the noise, and the curve falls"
-        return _none(reason, ambiguous)
+        return _none(reason, ambiguous, ends_falling=True)
     # stretches: before the first drop, between drops, after the last
     bounds = [lt[0]] + [x for a, b, lo, hi in kept for x in (lo, hi)] + [lt[-1]]
     stretches = list(zip(bounds[0::2], bounds[1::2]))
@@ -522,7 +529,7 @@ def read_plateaus(
             found.append((lo, hi, level, 1.2533 * sigma / np.sqrt(n), j))
     if not found:
         reason = "no plateau: no flat stretch between the fitted drops"
-        return _none(reason, ambiguous, len(kept))
+        return _none(reason, ambiguous, len(kept), ends_falling=not keep[-1])
     starts = np.exp([f[0] for f in found])
     ends = np.exp([f[1] for f in found])
     # a plateau at an end of the data extends to it (exactly)
@@ -550,6 +557,7 @@ def read_plateaus(
         np.array(t_err),
         len(kept),
         ambiguous=ambiguous,
+        ends_falling=not keep[-1],
     )
 
 
