@@ -229,6 +229,7 @@ def select_model(
     # a winner that misses the curve far beyond its noise is no answer
     # (judged on the 95% of the points closest to it: spikes are no regime)
     noise = log_noise(np.log(y))
+    chosen = dataclasses.replace(chosen, staircase=stairs)
     miss = _core_rms(chosen, t, y) if chosen.best else 0.0
     if chosen.best and miss > max(3 * noise, 0.1):
         reason = (
