@@ -148,3 +148,40 @@ def test_select_model_across_families():
         right += ok
         print(cell, chosen.best, chosen.n_modes, truth["seen"] - 1, chosen.reason)
     assert right == 6
+
+
+#: The recorded real runs (examples/runs/record.py): the plateaus seen by
+#: eye on their log-log plots.
+RUNS = {
+    # a sharp drop onto the floor (the linear mode; 2 fitted modes counted
+    # as one drop)
+    "perceptron_breast_cancer": 2,
+    # a drop with a shoulder (no plateau between its modes), a second drop
+    "attention_teacher": 3,
+    # a small drop (0.25 in ln L) onto a slowly tilting plateau
+    "conv_mnist1d": 2,
+}
+
+
+@pytest.mark.slow  # 3 plateau detections and model selections
+def test_recorded_runs():
+    """Real runs of `train` (tanh perceptron on breast_cancer, softmax
+    attention, tanh conv on MNIST-1D): the plateaus seen by eye, each level
+    within 3% of the data's median over the plateau (a tilted one's too), and
+    `select_model` calls them staircases of at least as many modes as
+    drops between plateaus (measured: 3/3; the attention run's shouldered
+    first drop is 3 fitted modes)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "examples" / "runs"
+    for name, plateaus in RUNS.items():
+        data = np.loadtxt(folder / f"{name}.csv", delimiter=",", skiprows=2)
+        ts, loss = data[1:, 0], data[1:, 1]  # step 0 has no log time
+        found = nqfjax.detect_plateaus(ts, loss)
+        assert len(found) == plateaus, (name, found)
+        for start, end, level in zip(found.start, found.end, found.level):
+            on = (ts >= start) & (ts <= end)
+            assert abs(np.log(level / np.median(loss[on]))) < 0.03, (name, found)
+        chosen = nqfjax.select_model(ts, loss)
+        assert chosen.best == "staircase", (name, chosen)
+        assert chosen.n_modes >= plateaus - 1, (name, chosen)

@@ -58,8 +58,8 @@ class ModelSelection(eqx.Module):
     - `rms`: the rms residual of `log L` of each candidate.
     - `n_modes`: the number of logistic modes of the best model.
     - `reason`: why nothing was selected (`""` otherwise): nothing to fit, or
-      no candidate fitting to within `max(3 noise, 0.1)` in `log L` (`scores`
-      and `rms` are then kept for inspection).
+      no candidate fitting the 95% of points closest to it to within
+      `max(3 noise, 0.1)` in `log L` (`scores` and `rms` are then kept).
     - `theta`: the best model's fitted parameters in the family's scaled
       coordinates (see `curve`; empty where nothing was selected).
     - `staircase`: the staircase fitted (a `Staircase`: its plateau `levels`,
@@ -157,9 +157,12 @@ def select_model(
     - `ts`, `loss`: the curve, shape `(T,)`, times increasing `>= 0`.
 
     **Returns:** a `ModelSelection` (`best=""` with a `reason` for a curve with
-    nothing to fit, or where even the best candidate misses the curve by an
-    rms in $\log L$ above `max(3 noise, 0.1)`, `noise` the scatter of
-    $\log L$ about a smooth curve: the same bar as `fit_spectrum`'s).
+    nothing to fit, or where even the best candidate misses the 95% of the
+    points closest to it by an rms in $\log L$ above `max(3 noise, 0.1)`,
+    `noise` the scatter of $\log L$ about a smooth curve: `fit_spectrum`'s
+    bar, robust to spikes). The staircase is a candidate only where its fit
+    ends on a plateau (`read_plateaus`: a last drop still falling at the end
+    is a power law's tail); its plateaus are `model_plateaus`'.
 
     **Raises:** `ValueError` for a malformed curve.
     """

@@ -14,17 +14,16 @@ $p_k$ makes a drop asymmetric. $\lambda$ is shared by the modes.
 
 Every `K` from 1 to `_MAX_MODES`, from three starts each, is fitted at once
 by a batched Levenberg-Marquardt in numpy with the model's closed-form
-Jacobian (no compilation: a JAX version, vmapped and jitted, compiled for
-17 s and then ran no faster on CPU, measured 1.2-1.7 s a curve against
-0.5-1 s) on the curve's log-binned medians
-(at most `_BINS` bins equally spaced in $\log t$: a record of every step and
-a log-spaced one weigh alike, and the median ignores spikes), each bin
-weighted by $1/(\mathrm{se}_b^2 + \sigma_m^2)$, with $\mathrm{se}_b = 1.2533\,
-\sigma/\sqrt{n_b}$ the standard error of its median under the curve's noise
-$\sigma$ (`log_noise`) and $\sigma_m = 0.01$ the shape's own misfit. The
-count minimises $\mathrm{BIC} = \chi^2 + (2 + 4K) \ln n$, $n$ the bins, on
-Huber-robustified residuals (threshold 3 standard errors)."""
+Jacobian (no compilation: a jitted JAX version compiled for 17 s, then ran no
+faster on CPU) on the curve's log-binned medians (at most `_BINS` bins equally
+spaced in $\log t$: every-step and log-spaced records weigh alike, and the
+median ignores spikes), each weighted by $1/(\mathrm{se}_b^2 + \sigma_m^2)$:
+$\mathrm{se}_b = 1.2533\,\sigma/\sqrt{n_b}$ the standard error of its median
+under the noise $\sigma$ (`log_noise`), $\sigma_m = 0.01$ the shape's own
+misfit. The count minimises $\mathrm{BIC} = \chi^2 + (2 + 4K) \ln n$ ($n$ bins)
+on Huber-robustified residuals (threshold 3 standard errors)."""
 
+from functools import partial
 from typing import NamedTuple
 
 import equinox as eqx
@@ -368,9 +367,8 @@ class StaircasePlateaus(NamedTuple):
     """The plateaus read off a fitted staircase (`read_plateaus`), numpy
     arrays of shape `(P,)` (`start`, `end`, `level`, `level_err`) and `(P -
     1,)` (`drop_times`, `drop_times_err`); `n_drops` counted, `reason` (no
-    plateau), `ambiguous` (what the data cannot tell) and `ends_falling`
-    (no plateau after the last drop: the curve ends in a tail, not on a
-    step of a staircase)."""
+    plateau), `ambiguous` (what the data cannot tell), `ends_falling` (no
+    plateau after the last drop: a tail)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -385,8 +383,12 @@ class StaircasePlateaus(NamedTuple):
 
 
 def _none(reason, ambiguous, n_drops=0, ends_falling=False) -> StaircasePlateaus:
-    empty = np.zeros(0)
-    return StaircasePlateaus(*([empty] * 6), n_drops, reason, ambiguous, ends_falling)
+    empty = [np.zeros(0)] * 6
+    return StaircasePlateaus(*empty, n_drops, reason, ambiguous, ends_falling)
+
+
+def _count(lt, lo, hi):
+    return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
 
 
 def _kept_drops(stairs: Staircase, lt, min_drop):
@@ -399,10 +401,7 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
     mids = np.log(np.asarray(stairs.drop_times))
     sigma = stairs.noise
     notes = []
-
-    def count(lo, hi):
-        return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
-
+    count = partial(_count, lt)
     # drops: groups of overlapping modes, of those half done within the data
     seen = [k for k in range(K) if lt[0] < mids[k] < lt[-1]]
     groups = []
@@ -470,24 +469,21 @@ def read_plateaus(
       them. Without a drop, the curve is one plateau if its log-log slope is
       below `slope_tol`, else none.
 
-    `ends_falling` where the stretch after the last drop is no plateau (the
-    drop still falls at the end of the data: a tail, such as a power law's,
-    not a drop of a staircase).
+    `ends_falling` where the stretch after the last drop is no plateau (a
+    tail, such as a power law's, not a step of a staircase).
 
     Levels are the medians of the samples where the fitted curve is within
-    2% of its asymptotic level (`F + sum_{j > i} H_j`), or that level where
-    it never is (fewer than 3 such samples), with the standard error of a
-    median of those samples; drop times where the
+    2% of an asymptotic level of the stretch (`F + sum_{j > i} H_j`; the one
+    held longest, several across uncounted drops), or the level after the
+    drop before it where it never is (fewer than 3 such samples), with the
+    standard error of a median of those samples; drop times where the
     fitted curve crosses the middle of the levels, with the standard error of
     a local level over the drop's steepness."""
     levels = np.asarray(stairs.levels)
     lt, ly = np.log(ts), np.log(loss)
     sigma = stairs.noise
     kept, notes = _kept_drops(stairs, lt, min_drop)
-
-    def count(lo, hi):
-        return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
-
+    count = partial(_count, lt)
     ambiguous = "; ".join(notes)
     if not kept:
         # no drop: one plateau if the curve is flat, none if it falls (a
@@ -514,15 +510,21 @@ def read_plateaus(
     keep = _flat(stretches, kept, levels, lt, ly, slope_tol, min_length)
     found = []
     level_idx = [kept[0][0]] + [b for a, b, lo, hi in kept]
+    # the fitted levels of each stretch (several across uncounted drops)
+    first = [0] + [b for a, b, lo, hi in kept]
+    last = [a for a, b, lo, hi in kept] + [len(levels) - 1]
     for j, ((lo, hi), ok) in enumerate(zip(stretches, keep)):
         if ok:
             level = levels[level_idx[j]]
-            # where the fitted curve is within 2% of the level: the median
-            # of the samples there (exact on a flat plateau); else the
-            # fitted asymptote (a plateau tilted by its drops' tails)
+            # where the fitted curve is within 2% of a level of the stretch
+            # (the one it stays at longest): the median of the samples there
+            # (exact on a flat plateau); else the fitted asymptote (a plateau
+            # tilted by its drops' tails)
             inside = (lt >= lo) & (lt <= hi)
+            fitted = np.asarray(stairs.curve(ts[inside]))
+            near = np.abs(np.log(fitted[None] / levels[first[j] : last[j] + 1, None]))
             core = inside.copy()
-            core[inside] = np.abs(np.log(stairs.curve(ts[inside]) / level)) < 0.02
+            core[inside] = max(near < 0.02, key=np.sum)
             if core.sum() >= 3:
                 level = float(np.exp(np.median(ly[core])))
             n = max(int(core.sum()) if core.sum() >= 3 else count(lo, hi), 1)
