@@ -180,6 +180,42 @@ def select_model(
         # a staircase ends on a plateau: one whose last drop still falls at
         # the end of the data is a tail (a power law's), no candidate
         n_drops = 0 if read.ends_falling else read.n_drops
+    # in float64 whatever the default: in float32 the mixed candidate's fit
+    # stalls (the example curve came out a power law, rms 0.11 against 0.05)
+    with jax.enable_x64(True):
+        cands = _candidates(t, y, t_ref, l_ref, plateaus)
+    chosen = _score(t, y, t_ref, l_ref, *cands, stairs, n_drops)
+    # a winner that misses the curve far beyond its noise is no answer
+    # (judged on the 95% of the points closest to it: spikes are no regime)
+    noise = log_noise(np.log(y))
+    chosen = dataclasses.replace(chosen, staircase=stairs)
+    miss = _core_rms(chosen, t, y) if chosen.best else 0.0
+    if chosen.best and miss > max(3 * noise, 0.1):
+        reason = (
+            f"no shape fits: the best, {chosen.best}, misses by an rms of "
+            f"{miss:.2g} in log L (on the 95% of points closest to it), above "
+            f"max(3 x its noise {noise:.2g}, 0.1) (a cutoff or a regime the "
+            "three shapes lack)"
+        )
+        return ModelSelection(
+            "",
+            "",
+            "",
+            "BIC",
+            chosen.scores,
+            chosen.rms,
+            0,
+            reason=reason,
+            staircase=stairs,
+        )
+    ambiguous = "" if plateaus is None else plateaus.ambiguous
+    return dataclasses.replace(chosen, staircase=stairs, ambiguous=ambiguous)
+
+
+def _candidates(t, y, t_ref, l_ref, plateaus):
+    """The candidates' starts `(thetas, modes, power, names)`: the staircase's
+    placeholder, the power law from a log-log regression, and the mixed one
+    from `plateaus` (a `Plateaus` or `None`) and `fit_power_law`'s fit."""
     law = fit_power_law(t, y, uncertainty="laplace")
     thetas, modes, power, names = [], [], [], []
     # a placeholder row (the staircase is fitted by `fit_staircase`; the
@@ -228,32 +264,7 @@ def select_model(
             modes.append(np.arange(_MAX_MODES) < n)
             power.append(1.0)
             names.append(_NAMES[2])
-    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names, stairs, n_drops)
-    # a winner that misses the curve far beyond its noise is no answer
-    # (judged on the 95% of the points closest to it: spikes are no regime)
-    noise = log_noise(np.log(y))
-    chosen = dataclasses.replace(chosen, staircase=stairs)
-    miss = _core_rms(chosen, t, y) if chosen.best else 0.0
-    if chosen.best and miss > max(3 * noise, 0.1):
-        reason = (
-            f"no shape fits: the best, {chosen.best}, misses by an rms of "
-            f"{miss:.2g} in log L (on the 95% of points closest to it), above "
-            f"max(3 x its noise {noise:.2g}, 0.1) (a cutoff or a regime the "
-            "three shapes lack)"
-        )
-        return ModelSelection(
-            "",
-            "",
-            "",
-            "BIC",
-            chosen.scores,
-            chosen.rms,
-            0,
-            reason=reason,
-            staircase=stairs,
-        )
-    ambiguous = "" if plateaus is None else plateaus.ambiguous
-    return dataclasses.replace(chosen, staircase=stairs, ambiguous=ambiguous)
+    return thetas, modes, power, names
 
 
 def _core_rms(chosen, t, y):
@@ -296,9 +307,11 @@ def _score(
     rows = np.stack(thetas + [thetas[0]] * (3 - k))
     mask = np.stack(modes + [modes[0]] * (3 - k)).astype(float)
     on = np.array(power + [power[0]] * (3 - k))
-    fitted, rss = _fit_candidates(
-        *(jnp.asarray(a, dtype) for a in (u, ly, w, rows, mask, on))
-    )
+    with jax.enable_x64(True):  # (see `select_model`)
+        fitted, rss = _fit_candidates(
+            *(jnp.asarray(a, jnp.float64) for a in (u, ly, w, rows, mask, on))
+        )
+        fitted, rss = np.asarray(fitted), np.asarray(rss)
     n = float(np.sum(wb))
     scores, rms, sizes = {}, {}, {}
     for i, name in enumerate(names):
@@ -335,7 +348,7 @@ def _score(
         scores,
         rms,
         sizes[best],
-        theta=fitted[i],
+        theta=jnp.asarray(fitted[i], dtype),
         mask=jnp.asarray(mask[i], dtype),
         power=float(on[i]),
         t_ref=float(t_ref),
