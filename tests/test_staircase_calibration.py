@@ -123,12 +123,13 @@ def test_cannot_tell_is_said():
         assert len(found) <= truth["K"] + 1, (i, found)
         if len(found) < truth["K"] + 1 and not found.ambiguous:
             silent += 1
-    # measured: 6 of 12 short without a word (overlapping drops that one
-    # asymmetric drop fits as well, by BIC; drops of 0.11-0.2 under 10%
-    # noise): the "say so" holds on half, and this bounds the rest
-    # (one case of margin for round-off in the fits on other platforms)
+    # measured: 4 of 12 short without a word (6 before the notes on a drop
+    # wider than a decade and one half done outside the data: overlapping
+    # drops that one asymmetric drop fits as well, by BIC; drops of 0.11-0.2
+    # under 10% noise): this bounds them (one case of margin for round-off
+    # in the fits on other platforms)
     print(f"cannot tell: {silent} of 12 short without a word")
-    assert silent <= 7
+    assert silent <= 5
 
 
 @pytest.mark.slow  # 6 model selections

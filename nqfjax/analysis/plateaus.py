@@ -37,8 +37,10 @@ class Plateaus(eqx.Module):
       the drop, and the grid's resolution).
     - `reason`: why there is no plateau (`""` when there is one).
     - `ambiguous`: where the data cannot tell (`""` when they can): two drops
-      closer than their widths (counted as one), or a drop no larger than
-      the noise (not counted); the count is then a lower bound.
+      closer than their widths (counted as one), a drop no larger than the
+      noise (not counted), another number of drops within 10 of BIC, a drop
+      wider than a decade (several?), or a drop half done outside the data
+      that overlaps them; the count is then a lower bound.
     """
 
     start: Float[Array, " P"]

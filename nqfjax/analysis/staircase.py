@@ -32,7 +32,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._curves import loglog_slope
-from ._least_squares import log_noise
+from ._least_squares import huber_numpy, log_noise
 
 
 #: The most drops a staircase has (one compilation for every curve).
@@ -162,18 +162,6 @@ def _g_inverse(frac, lam, ltau, a, p):
         return ltau + np.log1p(lam * z / a) / lam
 
 
-def _huber(r, delta=3.0):
-    """Residuals whose half squares are Huber's loss (`_robust_residual`) and
-    their derivatives."""
-    ar = np.abs(r)
-    far = ar > delta
-    rho = np.where(
-        far, np.sign(r) * np.sqrt(delta * (2 * np.maximum(ar, delta) - delta)), r
-    )
-    drho = np.where(far, delta / np.maximum(np.abs(rho), 1e-300), 1.0)
-    return rho, drho
-
-
 def _fit_all(lu, y, w, thetas, masks):
     """Levenberg-Marquardt (Marquardt's diagonal damping, steps clipped to 2
     in each log-parameter, parameters kept within their bounds) from every
@@ -185,7 +173,7 @@ def _fit_all(lu, y, w, thetas, masks):
 
     def cost(th, mk):
         with np.errstate(all="ignore"):
-            rho, _ = _huber(sw * (_log_model(th, lu, mk) - y))
+            rho, _ = huber_numpy(sw * (_log_model(th, lu, mk) - y))
         c = np.sum(rho**2, axis=-1)
         return np.where(np.isfinite(c), c, np.inf)
 
@@ -202,7 +190,7 @@ def _fit_all(lu, y, w, thetas, masks):
         th, mk = theta[on], masks[on]
         with np.errstate(all="ignore"):
             model, J = _log_model(th, lu, mk, jacobian=True)
-            rho, drho = _huber(sw * (model - y))
+            rho, drho = huber_numpy(sw * (model - y))
             J = (drho * sw)[..., None] * J
             Jt = np.swapaxes(J, 1, 2)
             A = Jt @ J
@@ -404,6 +392,13 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
     count = partial(_count, lt)
     # drops: groups of overlapping modes, of those half done within the data
     seen = [k for k in range(K) if lt[0] < mids[k] < lt[-1]]
+    for k in set(range(K)) - set(seen):  # half done outside, overlapping them
+        fall, over = np.log(levels[k] / levels[k + 1]), edges[k, 0] < lt[-1]
+        if fall >= -np.log1p(-min_drop) and over and edges[k, 1] > lt[0]:
+            notes.append(
+                f"a drop of {fall:.2g} in log L half done outside the data (t = "
+                f"{np.exp(mids[k]):.3g}) overlaps them: the count may be short"
+            )
     groups = []
     for k in seen:
         if groups and edges[groups[-1][-1], 1] >= edges[k, 0]:
@@ -434,6 +429,10 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
             )
             continue
         kept.append((a, b, lo, hi))
+    for a, b, lo, hi in kept:  # wider than any one drop of the families
+        if hi - lo > np.log(10):
+            w, mid = (hi - lo) / np.log(10), np.exp(0.5 * (lo + hi))
+            notes.append(f"the drop at t = {mid:.3g} spans {w:.2g} decades: several?")
     bic = np.asarray(stairs.bic)
     close = [k + 1 for k in np.flatnonzero(bic - bic[K - 1] < 10) if k + 1 != K]
     if close:
