@@ -12,10 +12,12 @@ $$L(t) = L_\infty + \sum_{k \le K} \frac{h_k}{\big(1 + e^{s_k (t / t_k - 1)}\big
   `log t` and an isolated mode's logistic in `t`, `K` chosen by BIC), scored
   here on the same bins as the others with `k = 2 + 4K`, and `n_modes` the
   drops it sees (`read_plateaus`: within the data, overlapping ones counted
-  once, those within the noise not counted);
+  once, those within the noise not counted); a candidate only where the fit
+  ends on a plateau (a last drop still falling at the end is a tail);
 - power law: `K = 0` (`fit_power_law`'s model on the whole curve);
 - staircase turning into a power law: the drops before `fit_power_law`'s
-  window, and the power law.
+  window (of `model_plateaus`: the staircase refitted before the window
+  where the whole curve's fit ends falling), and the power law.
 
 $\mathrm{BIC} = n \ln(\mathrm{RSS}/n) + k \ln n$, with `RSS` the sum of squared
 residuals of $\log L$ over the `n` points and `k` the number of parameters
