@@ -109,11 +109,14 @@ def test_plateaus_and_claims_on_simulated_curves():
     for ts, loss, truth in _curves("power_law", 60, seed=1):
         total += 1
         right += len(nqfjax.detect_plateaus(ts, loss)) == 0
-    # measured 156/160 (97.5%); the bar is the issue's
+    # measured 153/160 (95.6%; the slope detector, the default before the
+    # staircase model: 156/160); the bar is the issue's
     assert right >= 0.95 * total, (right, total)
     offsets = np.concatenate(offsets)
     print(f"plateau count right: {right}/{total}; drop offsets max {offsets.max():.2f}")
-    assert np.all(offsets < 1), np.sort(offsets)[-5:]  # measured max 0.54
+    # measured max 0.95 (with 120 Levenberg-Marquardt steps 0.75; the slope
+    # detector 0.54)
+    assert np.all(offsets < 1), np.sort(offsets)[-5:]
 
 
 @pytest.mark.slow

@@ -116,6 +116,35 @@ def test_detect_plateaus_bad_input():
         nqfjax.detect_plateaus(ts, np.ones(100), min_drop=1.5)
     with pytest.raises(ValueError, match="floor"):
         nqfjax.detect_plateaus(ts, np.ones(100), floor=0.0)
+    with pytest.raises(ValueError, match="`method`"):
+        nqfjax.detect_plateaus(ts, np.ones(100), method="eye")
+
+
+def test_gentle_staircase_every_plateau():
+    """A staircase of gentle drops, sigmoids in log t of steepness 4-6
+    (initial weights a few times below the learned scale), each 0.4-0.7 in
+    ln L, half a decade apart, 3% noise, logged every 10 steps: all 4
+    plateaus, the drops' middles within a tenth of their 10%-90% widths
+    (0.4-0.5 decades; measured within 0.02 decades). The slope detector
+    (`method="slope"`, a fixed drop threshold |d ln L / d ln t| > 1) finds
+    2: the drops' log-log slopes stay below 1."""
+    ts = np.arange(10.0, 200_001, 10)
+    mids, steep = np.array([300.0, 3000.0, 30_000.0]), np.array([4.0, 6.0, 5.0])
+    levels = np.exp(-np.array([0.0, 0.5, 1.2, 1.6]))
+    clean = levels[-1] + sum(
+        (hi - lo) / (1 + (ts / m) ** a)
+        for m, a, hi, lo in zip(mids, steep, levels[:-1], levels[1:])
+    )
+    rng = np.random.default_rng(0)
+    loss = clean * np.exp(0.03 * rng.standard_normal(ts.size))
+    found = nqfjax.detect_plateaus(ts, loss)
+    assert len(found) == 4 and not found.ambiguous, found
+    widths = np.log10(81) / steep  # 10%-90% of 1 / (1 + x^a), in decades
+    offset = np.abs(np.log10(np.asarray(found.drop_times) / mids))
+    assert np.all(offset < 0.1 * widths), (offset, widths)
+    # levels: the fitted asymptotes, within 3% (3 noise widths of the tails)
+    np.testing.assert_allclose(found.level, levels, rtol=0.03)
+    assert len(nqfjax.detect_plateaus(ts, loss, method="slope")) < 4
 
 
 # ---------------------------------------------------------------------------

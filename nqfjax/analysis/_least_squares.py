@@ -89,6 +89,19 @@ def _huber(x, delta):
     return jnp.where(ax <= delta, 0.5 * x**2, delta * (ax - 0.5 * delta))
 
 
+def huber_numpy(r, delta=3.0):
+    """Residuals `r` (numpy, any shape) whose half squares are Huber's loss
+    (`_robust_residual`, in numpy for the staircase fit) and their
+    derivatives."""
+    ar = np.abs(r)
+    far = ar > delta
+    rho = np.where(
+        far, np.sign(r) * np.sqrt(delta * (2 * np.maximum(ar, delta) - delta)), r
+    )
+    drho = np.where(far, delta / np.maximum(np.abs(rho), 1e-300), 1.0)
+    return rho, drho
+
+
 def _value_and_jacfwd(f, x):
     """`f(x)` and its Jacobian `(len(f(x)), len(x))` in forward mode, sharing the
     primal computation (one tangent per parameter, batched)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import equinox as eqx
@@ -12,6 +13,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
+from .staircase import Staircase, StaircasePlateaus, fit_staircase, read_plateaus
+from .window import window_after_staircase
 
 
 # ---------------------------------------------------------------------------
@@ -33,6 +36,11 @@ class Plateaus(eqx.Module):
       `drop_times_err` (the noise of the smoothed level over the steepness of
       the drop, and the grid's resolution).
     - `reason`: why there is no plateau (`""` when there is one).
+    - `ambiguous`: where the data cannot tell (`""` when they can): two drops
+      closer than their widths (counted as one), a drop no larger than the
+      noise (not counted), another number of drops within 10 of BIC, a drop
+      wider than a decade (several?), or a drop half done outside the data
+      that overlaps them; the count is then a lower bound.
     """
 
     start: Float[Array, " P"]
@@ -44,6 +52,7 @@ class Plateaus(eqx.Module):
     drop_err: Float[Array, " P-1"]
     drop_times_err: Float[Array, " P-1"]
     reason: str = eqx.field(static=True, default="")
+    ambiguous: str = eqx.field(static=True, default="")
 
     def __len__(self) -> int:
         return int(self.level.shape[0])
@@ -91,11 +100,31 @@ def detect_plateaus(
     floor: float | None = None,
     n_grid: int = 1024,
     min_samples: int | None = None,
+    method: str = "model",
 ) -> Plateaus:
     r"""Find the plateaus and drops of a measured loss curve.
 
-    Works in log-log coordinates, where the plateaus of a staircase are flat and
-    equally resolved at every time scale:
+    **`method="model"`** (default): a staircase of `K = 1..6` drops, each with
+    its own height, position, steepness and asymmetry (from a sigmoid in
+    $\log t$ to an isolated mode's logistic in $t$), plus a floor, fitted to
+    the log-binned medians of $\ln L$ with `K` chosen by BIC under the
+    noise measured from the data (`analysis/staircase.py`); the plateaus are
+    read off it and checked against the data: a drop spans 20%-80% of its
+    fall in $\ln L$, overlapping drops count as one, a drop under
+    `min_drop` or within 4 standard errors of the noise is not counted, and
+    a plateau is a stretch before, between or after drops with at least 3
+    samples over `min_length` decades and a log-log slope below
+    `max(slope_tol, half its neighbouring drops' steepness)` (a power law
+    has none). Levels are the fitted asymptotes, drop times where the fitted
+    curve crosses each drop's middle. Where the data cannot tell (drops
+    closer than their widths, a drop within the noise, another `K` within
+    10 of BIC) `ambiguous` says so. Holds across the sharpness of the drops
+    (see the how-to's table of measured rates); about a second per curve.
+
+    **`method="slope"`**: the earlier detector, fast but for sharp drops only
+    (a fixed log-log slope threshold `drop_slope`; gentle drops are missed).
+    It works in log-log coordinates, where the plateaus of a staircase are
+    flat and equally resolved at every time scale:
 
     1. a robust local level $y = \ln\max(L, \text{floor})$ (in effect a
        log-binning): around each of `n_grid` points in $\log_{10} t$, the median
@@ -131,7 +160,7 @@ def detect_plateaus(
     - `ts`: times, shape `(T,)`, strictly increasing and `> 0`.
     - `loss`: the loss at `ts`, shape `(T,)`, finite.
     - `drop_slope`: `|d ln L / d ln t|` above which the curve is dropping
-      (default 1).
+      (default 1; `"slope"` only).
     - `slope_tol`: `|d ln L / d ln t|` below which it is flat (default 0.15).
     - `min_length`: shortest stretch between drops, in decades (default 0.05).
     - `min_drop`: smallest relative change between plateau levels (default 0.1).
@@ -139,6 +168,8 @@ def detect_plateaus(
     - `floor`: losses below it are raised to it, so that a curve falling to 0
       ends on a plateau at `floor` (default `1e-6 max(loss)`); must be `> 0`.
     - `n_grid`: points of the log-time grid (default 1024).
+    - `method`: `"model"` (default) or `"slope"` (see above; `smooth`,
+      `n_grid`, `min_samples` and `drop_slope` are the slope detector's).
     - `min_samples`: fewest samples behind each local median (default: from
       the noise, `(sigma / 0.04)^2` clipped to `[3, 9]`, `sigma` the scatter of
       `ln L` between neighbouring samples: a clean curve sampled sparsely at
@@ -149,9 +180,11 @@ def detect_plateaus(
 
     **Raises:** `ValueError` for malformed input (shapes, non-positive or
     non-increasing times, non-finite losses, a negative maximum, a `floor`
-    `<= 0`, bad options, traced arguments).
+    `<= 0`, bad options, an unknown `method`, traced arguments).
     """
     eager_only("detect_plateaus", "the plateaus are found in numpy", ts=ts, loss=loss)
+    if method not in ("model", "slope"):
+        raise ValueError(f"`method` must be 'model' or 'slope', got {method!r}.")
     ts, loss, floor = _check_plateau_args(
         ts,
         loss,
@@ -168,6 +201,10 @@ def detect_plateaus(
         return _no_plateaus(
             "no plateau: the loss is 0 everywhere (nothing to place on a log scale)"
         )
+    if method == "model":
+        floored = np.maximum(loss, floor)
+        _, read = model_plateaus(ts, floored, slope_tol, min_length, min_drop)
+        return as_plateaus(read)
     u, floored = np.log10(ts), np.maximum(loss, floor)
     y_raw = np.log(floored)
     sigma = log_noise(y_raw)
@@ -432,3 +469,49 @@ def _drop_times(found, grid, y, se) -> tuple[np.ndarray, np.ndarray]:
         times.append(10**u_mid)
         errs.append(10**u_mid * np.log(10) * err_u)
     return np.asarray(times), np.asarray(errs)
+
+
+def as_plateaus(read: StaircasePlateaus) -> Plateaus:
+    """The `Plateaus` of a staircase's plateaus read off its fit."""
+    lev, lev_err = read.level, read.level_err
+    return Plateaus(
+        start=jnp.asarray(read.start),
+        end=jnp.asarray(read.end),
+        level=jnp.asarray(lev),
+        drop=jnp.asarray(lev[:-1] - lev[1:]),
+        drop_times=jnp.asarray(read.drop_times),
+        level_err=jnp.asarray(lev_err),
+        drop_err=jnp.asarray(np.hypot(lev_err[:-1], lev_err[1:])),
+        drop_times_err=jnp.asarray(read.drop_times_err),
+        reason=read.reason,
+        ambiguous=read.ambiguous,
+    )
+
+
+def model_plateaus(
+    ts, loss, slope_tol=0.15, min_length=0.05, min_drop=0.1
+) -> tuple[Staircase, StaircasePlateaus]:
+    """The staircase model's plateaus of a curve (`ts > 0` increasing, `loss >
+    0`, numpy, shape `(T,)`): the staircase fitted to the whole curve, or,
+    where it ends falling (`read_plateaus`: a tail after its last drop) and
+    has plateaus before a power-law window (`window_after_staircase`),
+    refitted to the points before that window only (at least 8), so that the
+    tail's power law is not fitted as broad drops that swallow the last
+    steps; the refit is kept where it finds as many plateaus or more, with
+    `ends_falling`. **Returns:** `(stairs, read)`."""
+    stairs = fit_staircase(ts, loss)
+    read = read_plateaus(stairs, ts, loss, slope_tol, min_length, min_drop)
+    if not (read.ends_falling and read.level.size):
+        return stairs, read
+    window, _ = window_after_staircase(
+        ts, loss, partial(detect_plateaus, method="slope")
+    )
+    before = ts < window[0] if window is not None else np.zeros(ts.size, bool)
+    if before.sum() < 8:
+        return stairs, read
+    tb, lb = ts[before], loss[before]
+    refit = fit_staircase(tb, lb)
+    again = read_plateaus(refit, tb, lb, slope_tol, min_length, min_drop)
+    if again.level.size < read.level.size:
+        return stairs, read
+    return refit, again._replace(ends_falling=True)

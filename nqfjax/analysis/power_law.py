@@ -2,6 +2,7 @@ r"""Power laws fitted to loss curves (`fit_power_law`):
 $L(t) = L_\infty + c\,(t + t_0)^{-\gamma}$ on an automatically chosen window,
 with an uncertainty for $\gamma$."""
 
+from functools import partial
 from typing import Literal
 
 import equinox as eqx
@@ -19,6 +20,7 @@ from ._least_squares import (
     robust_least_squares,
 )
 from .plateaus import detect_plateaus
+from .window import window_after_staircase
 
 
 # --------------------------------------------------------------------------------
@@ -59,100 +61,6 @@ class PowerLawFit(eqx.Module):
     def __call__(self, ts: Float[ArrayLike, "*T"]) -> Float[Array, "*T"]:
         """The fitted curve at times `ts`."""
         return _power_law_curve(self, jnp.asarray(ts, self.gamma.dtype))
-
-
-def _auto_window(
-    t: np.ndarray,
-    y: np.ndarray,
-    *,
-    half_width: float = 0.25,
-    tol: float = 0.05,
-    n_grid: int = 48,
-) -> tuple[float, float] | None:
-    """The longest range of `log10 t` over which the local slope of the log-log
-    curve stays constant: the power-law regime, excluding an initial plateau or
-    staircase and a final floor or finite-size cutoff.
-
-    At each of `n_grid` centres, a least-squares line of `log L` against `log t`
-    over the points within `half_width` decades gives the local slope, its
-    standard error `se` and the residual scatter `rough`. A range qualifies when
-
-    - every centre is smooth: `rough <= 2 * q + 1e-4` (decades), with `q` the
-      lower quartile of `rough` over the decreasing part of the curve; white noise
-      has the same scatter everywhere and passes, a resolved staircase of
-      switch-ons is far rougher than the merged part and does not;
-    - every local slope is within `tol * median + 2 se` of the median slope
-      (so noise alone does not end it), and the median is above 0.05 (a flat
-      plateau is no power law).
-
-    `None` where the local slope is nowhere above 0.05 (nothing falls)."""
-    keep = (t > 0) & (y > 0)
-    lt, ly = np.log10(t[keep]), np.log10(y[keep])
-    full = (float(t[keep][0]), float(t[keep][-1]))
-    if lt.size < 8 or lt[-1] - lt[0] < 4 * half_width:
-        return full
-    grid = np.linspace(lt[0] + half_width, lt[-1] - half_width, n_grid)
-    near = np.abs(lt[None, :] - grid[:, None]) <= half_width  # (n_grid, T)
-    local = loglog_slope(lt, ly, near, take_logs=False)
-    enough = near.sum(1) >= 4
-    slopes = np.where(enough, -local.slope, np.nan)
-    errs = np.where(enough, local.slope_err, np.nan)
-    rough = np.where(enough, local.rms, np.nan)
-    falling = slopes > 0.05
-    if not np.any(falling):
-        return None
-    smooth = rough <= 2 * np.quantile(rough[falling], 0.25) + 1e-4
-    best, best_len = None, 2 * half_width  # at least one smoothing window wide
-    for i in range(n_grid):
-        for j in range(n_grid - 1, i, -1):
-            if grid[j] - grid[i] <= best_len:
-                break
-            seg, err = slopes[i : j + 1], errs[i : j + 1]
-            if not (np.all(np.isfinite(seg)) and np.all(smooth[i : j + 1])):
-                continue
-            med = np.median(seg)
-            if med > 0.05 and np.all(np.abs(seg - med) <= tol * med + 2 * err):
-                best, best_len = (i, j), grid[j] - grid[i]
-                break
-    if best is None:
-        return full
-    lo, hi = grid[best[0]] - half_width, grid[best[1]] + half_width
-    inside = (lt >= lo - 1e-12) & (lt <= hi + 1e-12)
-    tw = t[keep][inside]
-    return float(tw[0]), float(tw[-1])
-
-
-def _auto_window_after_staircase(t, y):
-    """`_auto_window`, moved past a staircase: where a drop between two plateaus
-    of `detect_plateaus` falls inside the window (a resolved switch-on, which a
-    smoothed slope can mistake for part of a power law), the window is sought
-    again from the start of the plateau after the last such drop; where the
-    last plateau ends inside it (a drop into a power law), from that end.
-    `(None, reason)` where nothing falls as a power law."""
-    window = _auto_window(t, y)
-    pos = t > 0
-    if window is not None and pos.sum() >= 8 and np.max(y[pos]) > 0:
-        found = detect_plateaus(t[pos], y[pos])
-        # where the staircase's structure ends: after each drop between two
-        # plateaus, the next plateau's start; after the last plateau (unless
-        # it is the end of the curve), its end
-        edges = list(zip(np.asarray(found.drop_times), np.asarray(found.start)[1:]))
-        if len(found) and float(found.end[-1]) < t[-1]:
-            edges.append((float(found.end[-1]), float(found.end[-1])))
-        inside = [e for e in edges if window[0] < e[0] < window[1]]
-        while inside and window is not None:
-            after = t >= max(e[1] for e in inside)
-            window = _auto_window(t[after], y[after]) if after.sum() >= 8 else None
-            if window is not None:
-                inside = [e for e in edges if window[0] < e[0] < window[1]]
-        if window is None:
-            return None, (
-                f"no power law: a staircase of {len(found)} plateaus, nothing "
-                "falling as a power law after its last drop"
-            )
-    if window is None:
-        return None, "no power law: the local log-log slope is nowhere above 0.05"
-    return window, ""
 
 
 @eqx.filter_jit
@@ -398,7 +306,9 @@ def fit_power_law(
     if nothing:
         return _no_power_law(nothing, uncertainty)
     if window is None:
-        window, reason = _auto_window_after_staircase(t, y)
+        window, reason = window_after_staircase(
+            t, y, partial(detect_plateaus, method="slope")
+        )
         if window is None:
             return _no_power_law(reason, uncertainty)
     sel = _window_points(t, y, window)

@@ -7,17 +7,24 @@ The three candidates are one family (fitted in one vmapped, compiled call):
 $$L(t) = L_\infty + \sum_{k \le K} \frac{h_k}{\big(1 + e^{s_k (t / t_k - 1)}\big)^2}
 + c\,(t + t_0)^{-\gamma}$$
 
-- staircase: the power law off, `K` the number of drops `detect_plateaus`
-  finds (each term is an isolated mode's loss: its gap is a logistic in `t`,
-  switching on at `t_k` with `s_k = r_k t_k = \ln(m^*/\epsilon)`);
+- staircase: `fit_staircase`'s model (`staircase.py`: `K` drops each with its
+  own height, position, steepness and asymmetry, between a sigmoid in
+  `log t` and an isolated mode's logistic in `t`, `K` chosen by BIC), scored
+  here on the same bins as the others with `k = 2 + 4K`, and `n_modes` the
+  drops it sees (`read_plateaus`: within the data, overlapping ones counted
+  once, those within the noise not counted); a candidate only where the fit
+  ends on a plateau (a last drop still falling at the end is a tail);
 - power law: `K = 0` (`fit_power_law`'s model on the whole curve);
 - staircase turning into a power law: the drops before `fit_power_law`'s
-  window, and the power law.
+  window (of `model_plateaus`: the staircase refitted before the window
+  where the whole curve's fit ends falling), and the power law.
 
 $\mathrm{BIC} = n \ln(\mathrm{RSS}/n) + k \ln n$, with `RSS` the sum of squared
 residuals of $\log L$ over the `n` points and `k` the number of parameters
-(`1 + 3K`, `4`, `4 + 3K`): a lower value is better; a difference above 10 is
+(`2 + 4K`, `4`, `4 + 3K`): a lower value is better; a difference above 10 is
 "very strong" evidence (Kass and Raftery, 1995)."""
+
+import dataclasses
 
 import equinox as eqx
 import jax
@@ -27,8 +34,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._curves import first_crossing
 from ._least_squares import host_curve, log_noise, nothing_to_fit, robust_least_squares
-from .plateaus import detect_plateaus
+from .plateaus import as_plateaus, model_plateaus
 from .power_law import fit_power_law, log_bins, pad_bins, power_law_starts
+from .staircase import Staircase
 
 
 #: The most modes a staircase candidate has (one compilation for every curve).
@@ -52,10 +60,14 @@ class ModelSelection(eqx.Module):
     - `rms`: the rms residual of `log L` of each candidate.
     - `n_modes`: the number of logistic modes of the best model.
     - `reason`: why nothing was selected (`""` otherwise): nothing to fit, or
-      no candidate fitting to within `max(3 noise, 0.1)` in `log L` (`scores`
-      and `rms` are then kept for inspection).
+      no candidate fitting the 95% of points closest to it to within
+      `max(3 noise, 0.1)` in `log L` (`scores` and `rms` are then kept).
     - `theta`: the best model's fitted parameters in the family's scaled
       coordinates (see `curve`; empty where nothing was selected).
+    - `staircase`: the staircase fitted (a `Staircase`: its plateau `levels`,
+      `drop_times`, `widths`, `floor`; `None` where the curve had nothing to
+      fit), whichever shape won; and `ambiguous`: what the data cannot tell
+      about its drops (`""` when nothing).
 
     **Methods:** `curve(ts)`, the best model's loss at any times, shape `(T,)`.
     """
@@ -73,11 +85,16 @@ class ModelSelection(eqx.Module):
     power: float = eqx.field(static=True, default=0.0)
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
+    staircase: Staircase | None = None
+    ambiguous: str = eqx.field(static=True, default="")
 
     def curve(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
         """The best model's loss at `ts` (shape `(T,)`; NaN where nothing was
         selected)."""
         ts = jnp.asarray(ts, jnp.result_type(float))
+        if self.best == "staircase" and self.staircase is not None:
+            with np.errstate(divide="ignore"):  # t = 0: ln t = -inf
+                return self.staircase.curve(np.asarray(ts))
         if self.theta.size == 0:
             return jnp.full(ts.shape, jnp.nan)
         u = ts / self.t_ref
@@ -142,9 +159,12 @@ def select_model(
     - `ts`, `loss`: the curve, shape `(T,)`, times increasing `>= 0`.
 
     **Returns:** a `ModelSelection` (`best=""` with a `reason` for a curve with
-    nothing to fit, or where even the best candidate misses the curve by an
-    rms in $\log L$ above `max(3 noise, 0.1)`, `noise` the scatter of
-    $\log L$ about a smooth curve: the same bar as `fit_spectrum`'s).
+    nothing to fit, or where even the best candidate misses the 95% of the
+    points closest to it by an rms in $\log L$ above `max(3 noise, 0.1)`,
+    `noise` the scatter of $\log L$ about a smooth curve: `fit_spectrum`'s
+    bar, robust to spikes). The staircase is a candidate only where its fit
+    ends on a plateau (`read_plateaus`: a last drop still falling at the end
+    is a power law's tail); its plateaus are `model_plateaus`'.
 
     **Raises:** `ValueError` for a malformed curve.
     """
@@ -155,18 +175,60 @@ def select_model(
     pos = y > 0
     t, y = t[pos], y[pos]
     t_ref, l_ref = t[-1], np.exp(np.mean(np.log(y)))
-    plateaus = detect_plateaus(t[t > 0], y[t > 0]) if np.sum(t > 0) >= 8 else None
+    stairs, plateaus, n_drops = None, None, 0
+    if np.sum(t > 0) >= 8:
+        stairs, read = model_plateaus(t[t > 0], y[t > 0])
+        plateaus = as_plateaus(read)
+        # a staircase ends on a plateau: one whose last drop still falls at
+        # the end of the data is a tail (a power law's), no candidate
+        n_drops = 0 if read.ends_falling else read.n_drops
+    # in float64 whatever the default: in float32 the mixed candidate's fit
+    # stalls (the example curve came out a power law, rms 0.11 against 0.05)
+    with jax.enable_x64(True):
+        cands = _candidates(t, y, t_ref, l_ref, plateaus)
+    chosen = _score(t, y, t_ref, l_ref, *cands, stairs, n_drops)
+    # a winner that misses the curve far beyond its noise is no answer
+    # (judged on the 95% of the points closest to it: spikes are no regime)
+    noise = log_noise(np.log(y))
+    chosen = dataclasses.replace(chosen, staircase=stairs)
+    miss = _core_rms(chosen, t, y) if chosen.best else 0.0
+    if chosen.best and miss > max(3 * noise, 0.1):
+        reason = (
+            f"no shape fits: the best, {chosen.best}, misses by an rms of "
+            f"{miss:.2g} in log L (on the 95% of points closest to it), above "
+            f"max(3 x its noise {noise:.2g}, 0.1) (a cutoff or a regime the "
+            "three shapes lack)"
+        )
+        return ModelSelection(
+            "",
+            "",
+            "",
+            "BIC",
+            chosen.scores,
+            chosen.rms,
+            0,
+            reason=reason,
+            staircase=stairs,
+        )
+    ambiguous = "" if plateaus is None else plateaus.ambiguous
+    return dataclasses.replace(chosen, staircase=stairs, ambiguous=ambiguous)
+
+
+def _candidates(t, y, t_ref, l_ref, plateaus):
+    """The candidates' starts `(thetas, modes, power, names)`: the staircase's
+    placeholder, the power law from a log-log regression, and the mixed one
+    from `plateaus` (a `Plateaus` or `None`) and `fit_power_law`'s fit."""
     law = fit_power_law(t, y, uncertainty="laplace")
     thetas, modes, power, names = [], [], [], []
-    # the staircase: a mode per drop (one drop, where there is none: the
-    # curve's fall, at its geometric middle)
-    if plateaus is not None and len(plateaus) >= 2:
-        levels, drops = np.asarray(plateaus.level), np.asarray(plateaus.drop_times)
-    else:
-        levels = np.array([np.max(y), np.min(y)])
-        drops = np.array([np.sqrt(max(t[0], t[t > 0][0]) * t[-1])])
-    stairs, n = _stairs_start(levels, drops, t_ref, l_ref)
-    thetas.append(np.concatenate([[levels[-1] / l_ref, 0.0, 0.0, 0.0], stairs]))
+    # a placeholder row (the staircase is fitted by `fit_staircase`; the
+    # batch keeps its shape, one compilation for every curve)
+    stairs_row, n = _stairs_start(
+        np.array([np.max(y), np.min(y)]),
+        np.array([np.sqrt(max(t[0], t[t > 0][0]) * t[-1])]),
+        t_ref,
+        l_ref,
+    )
+    thetas.append(np.concatenate([[np.min(y) / l_ref, 0.0, 0.0, 0.0], stairs_row]))
     modes.append(np.arange(_MAX_MODES) < n)
     power.append(0.0)
     names.append(_NAMES[0])
@@ -193,30 +255,29 @@ def select_model(
         before = np.flatnonzero(np.array(drops) < law.window[0])
         if before.size and np.all(np.isfinite(drops)):
             n_before = before.size
-            stairs, n = _stairs_start(
+            mixed_modes, n = _stairs_start(
                 np.array(levels[: n_before + 1]),
                 np.array(drops[:n_before]),
                 t_ref,
                 l_ref,
             )
             start = _law_start(law, t_ref, l_ref)
-            thetas.append(np.concatenate([start, stairs]))
+            thetas.append(np.concatenate([start, mixed_modes]))
             modes.append(np.arange(_MAX_MODES) < n)
             power.append(1.0)
             names.append(_NAMES[2])
-    chosen = _score(t, y, t_ref, l_ref, thetas, modes, power, names)
-    # a winner that misses the curve far beyond its noise is no answer
-    noise = log_noise(np.log(y))
-    if chosen.best and chosen.rms[chosen.best] > max(3 * noise, 0.1):
-        reason = (
-            f"no shape fits: the best, {chosen.best}, misses by an rms of "
-            f"{chosen.rms[chosen.best]:.2g} in log L, above max(3 x its noise "
-            f"{noise:.2g}, 0.1) (a cutoff or a regime the three shapes lack)"
-        )
-        return ModelSelection(
-            "", "", "", "BIC", chosen.scores, chosen.rms, 0, reason=reason
-        )
-    return chosen
+    return thetas, modes, power, names
+
+
+def _core_rms(chosen, t, y):
+    """The rms residual of `log L` about the chosen model on the 95% of the
+    points (`t > 0`) closest to it."""
+    pos = t > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = np.log(np.asarray(chosen.curve(t[pos]), float) / y[pos])
+    res = np.sort(np.abs(np.where(np.isfinite(res), res, np.inf)))
+    keep = res[: max(int(np.ceil(0.95 * res.size)), 1)]
+    return float(np.sqrt(np.mean(keep**2)))
 
 
 def _law_start(fit, t_ref, l_ref):
@@ -232,8 +293,12 @@ def _law_start(fit, t_ref, l_ref):
     )
 
 
-def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
-    """Fit the candidates and rank them by BIC."""
+def _score(
+    t, y, t_ref, l_ref, thetas, modes, power, names, stairs, n_drops
+) -> ModelSelection:
+    """Fit the candidates and rank them by BIC (the staircase already fitted:
+    `stairs`, scored on the same bins, or left out where `None` or without
+    a drop seen)."""
     tb, lyb, wb, within = log_bins(t / t_ref, np.log(y / l_ref))
     m = tb.size
     u, ly = pad_bins(tb, lyb)
@@ -244,18 +309,27 @@ def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
     rows = np.stack(thetas + [thetas[0]] * (3 - k))
     mask = np.stack(modes + [modes[0]] * (3 - k)).astype(float)
     on = np.array(power + [power[0]] * (3 - k))
-    fitted, rss = _fit_candidates(
-        *(jnp.asarray(a, dtype) for a in (u, ly, w, rows, mask, on))
-    )
+    with jax.enable_x64(True):  # (see `select_model`)
+        fitted, rss = _fit_candidates(
+            *(jnp.asarray(a, jnp.float64) for a in (u, ly, w, rows, mask, on))
+        )
+        fitted, rss = np.asarray(fitted), np.asarray(rss)
     n = float(np.sum(wb))
     scores, rms, sizes = {}, {}, {}
     for i, name in enumerate(names):
         total = float(rss[i]) + within
         params = 4 * int(on[i]) + 3 * int(mask[i].sum()) + (1 - int(on[i]))
+        if name == _NAMES[0]:
+            if stairs is None or n_drops == 0:
+                continue
+            with np.errstate(divide="ignore"):
+                fitted_ly = np.log(np.asarray(stairs.curve(tb * t_ref)) / l_ref)
+            total = float(np.sum(wb * (fitted_ly - lyb) ** 2)) + within
+            params = 2 + 4 * stairs.n_modes
         if np.isfinite(total):
             scores[name] = n * np.log(max(total, 1e-300) / n) + params * np.log(n)
             rms[name] = float(np.sqrt(total / n))
-            sizes[name] = int(mask[i].sum())
+            sizes[name] = n_drops if name == _NAMES[0] else int(mask[i].sum())
     if not scores:
         return ModelSelection("", "", "", "BIC", {}, {}, 0, reason="every fit failed")
     ranked = sorted(scores, key=scores.get)
@@ -276,7 +350,7 @@ def _score(t, y, t_ref, l_ref, thetas, modes, power, names) -> ModelSelection:
         scores,
         rms,
         sizes[best],
-        theta=fitted[i],
+        theta=jnp.asarray(fitted[i], dtype),
         mask=jnp.asarray(mask[i], dtype),
         power=float(on[i]),
         t_ref=float(t_ref),
