@@ -84,7 +84,7 @@ def population_draw(key, k: int, s, mu, sigma2):
     """`k` fresh samples in the mode basis: `x ~ N(0, diag s)` shape `(k, d)`,
     `y = x^2 . mu + xi`, `xi ~ N(0, sigma2)`, shape `(k,)`."""
     k1, k2 = jax.random.split(key)
-    x = jax.random.normal(k1, (k, s.shape[0]), s.dtype) * jnp.sqrt(s)
+    x = jax.random.normal(k1, (k, s.shape[0]), s.dtype) * jnp.sqrt(s)[None, :]
     y = x**2 @ mu + jnp.sqrt(sigma2) * jax.random.normal(k2, (k,), s.dtype)
     return x, y
 
