@@ -367,6 +367,7 @@ def sgd_paths(
         else:
             xs, ys = samples
             xs = jnp.asarray(xs, dtype) @ jnp.asarray(U, dtype)
+            draws = min(draws, xs.shape[0])
             data = ("dataset", xs, jnp.asarray(ys, dtype).reshape(-1))
     loss, first, threshold = _paths(
         mom, n, eta, bs, m0, key, paths, factor, data, draws
