@@ -17,8 +17,9 @@ $W$ with $M = W W^\top$). Two minibatch gradients $\hat G$:
   run draws from) $r_b = 1$ and $\hat G = \hat G_k$, SGD exactly; a real $b$
   keeps the variance $c_b$ and makes the map differentiable in $b$; without a
   dataset but with a finite `num_samples`, $r_b$ is the finite-population
-  factor. Past `max_draws` samples a step takes the Gaussian gradient (at large
-  batches the minibatch mean is Gaussian to $O(1/\sqrt b)$).
+  factor. Past `max_samples` (of `sgd_paths`) a step takes the Gaussian
+  gradient (at large batches the minibatch mean is Gaussian to
+  $O(1/\sqrt b)$).
 - Gaussian (`gaussian_step`): the first two moments only,
   $$\hat G = G + \sqrt{c_b}\,N,\qquad G = \mathrm{diag}(F_4 m - c_y) + 2 F_4 \circ X,$$
   $m$ the diagonal of $M$, $X$ its off-diagonal part, $N$ symmetric: its
