@@ -21,7 +21,11 @@ For each setting (input spectrum, teacher, label noise, steps, budget):
 Real SGD is a plain-JAX loop written here, independently of the library:
 `W <- W - 2 eta G_hat W`, `G_hat = mean_s e_s x_s x_s^T`, fresh Gaussian
 samples every step, a run diverged once its loss exceeds 1e4 max(L_0, L(0)).
-`--quick`: one setting, batch 16, fewer seeds and iterations.
+`--quick`: one setting, batch 16, fewer seeds and iterations; `--minibatch
+gaussian`: the criterion's paths with the Gaussian minibatch gradient (the
+default is real sampled minibatches). The measured tables, and what they
+mean (the designs of tasks A and C lose 8% and 12% of their seeds), are in
+benchmarks/README.md.
 """
 
 import argparse
@@ -158,8 +162,9 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     task = nqfjax.gaussian_quadratic_task(np.diag(cfg["s"]), np.diag(cfg["mu"]))
     m0 = np.full(len(cfg["s"]), cfg["m0"])
     model = dict(noise_variance=cfg["sigma2"])
-    design = nqfjax.TypicalLoss(paths=args.paths, key=jax.random.key(0))
-    judge = nqfjax.TypicalLoss(paths=2 * args.paths, key=jax.random.key(1))
+    crit = dict(minibatch=args.minibatch)
+    design = nqfjax.TypicalLoss(paths=args.paths, key=jax.random.key(0), **crit)
+    judge = nqfjax.TypicalLoss(paths=2 * args.paths, key=jax.random.key(1), **crit)
     keys = jax.random.split(jax.random.key(7), args.seeds)
     edge_at = {}
     for b in args.batches:
@@ -190,6 +195,15 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         **model,
     )
     best = min(std[:4], key=lambda x: float(x.final_loss))
+    # the design's own divergence constraint, `--design-max-diverged` (a
+    # margin below the 5% every schedule is judged by: the optimiser pushes to
+    # the constraint on the paths it sees, and fresh draws differ)
+    designer = nqfjax.TypicalLoss(
+        paths=args.paths,
+        key=jax.random.key(0),
+        max_diverged=args.design_max_diverged,
+        **crit,
+    )
     opt = nqfjax.optimize_schedule(
         task,
         budget,
@@ -198,7 +212,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         max_learning_rate=eta_max,
         init=best,
         num_iterations=args.iterations,
-        criterion=design,
+        criterion=designer,
         **model,
     )
     b_int = integer_batches(opt.batch_sizes)
@@ -263,12 +277,12 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
                 *real_tuned[shape_name],
             )
         )
-    # gains: predicted against the shapes tuned on the criterion (each one's
-    # typical final loss on the judge's paths), measured against the shapes
-    # tuned in real SGD that keep within the criterion's constraint on the
-    # measuring seeds (at most 5% diverged: a baseline that diverges more often
-    # is not one a user would pick)
-    best_model = min(float(x.predicted_loss[-1]) for x in judged[:4])
+    # gains: predicted against the shapes tuned on the criterion, measured
+    # against the shapes tuned in real SGD, each among those that keep within
+    # the criterion's constraint (at most 5% diverged, on the judge's paths or
+    # on the measuring seeds: a baseline that diverges more often is not one a
+    # user would pick; the judge's `final_loss` is inf past 5%)
+    best_model = min(float(x.final_loss) for x in judged[:4])
     allowed = [v[0] for v in real_tuned.values() if v[1] <= 0.05]
     best_real = min(allowed) if allowed else np.inf
     gain_pred = 1 - float(designed.predicted_loss[-1]) / best_model
@@ -286,6 +300,10 @@ def main():
     parser.add_argument("--peaks", type=int, default=12)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--settings", type=str, nargs="+", default=["A", "B", "C"])
+    parser.add_argument(
+        "--minibatch", choices=["sampled", "gaussian"], default="sampled"
+    )
+    parser.add_argument("--design-max-diverged", type=float, default=0.05)
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.paths, args.iterations = 16, 32, 5

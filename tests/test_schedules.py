@@ -142,16 +142,26 @@ def _task():
 
 @pytest.mark.slow  # compiles the path map (5-30 s on a loaded 2-core machine)
 def test_paths_one_step_mean_is_the_moment_equation():
-    # one step from a diagonal M: the path map's noise has the minibatch
+    # one step from a diagonal M: the Gaussian map's noise has the minibatch
     # gradient's mean and covariance, so the mean over paths of the new loss is
     # the moment equation's (exact at one step up to the O(eta^3) products the
     # closure drops, ~0.3% here). 8192 paths: the Monte Carlo standard error se
-    # of the mean loss is 0.4%; tolerance 4 se + 0.5%.
+    # of the mean loss is 0.4%; tolerance 4 se + 0.5%. Pinned to the Gaussian
+    # map: with real minibatches (the sampled map) the gradient's third and
+    # fourth cumulants, which the closure drops, move this mean 7% below the
+    # moment equation's (an independent NumPy Monte Carlo of one SGD step
+    # agrees with the sampled map to 1%).
     eta, b = 0.05, 8.0
     m0 = np.array([0.3, 0.6, 0.9, 1.2])
     kw = dict(noise_variance=SIGMA2)
     paths = nqfjax.sgd_paths(
-        _task(), jnp.full(1, eta), jnp.full(1, b), m0, paths=8192, **kw
+        _task(),
+        jnp.full(1, eta),
+        jnp.full(1, b),
+        m0,
+        paths=8192,
+        minibatch="gaussian",
+        **kw,
     )
     moments = nqfjax.sgd_moments(_task(), jnp.full(1, eta), jnp.full(1, b), m0, **kw)
     loss = np.asarray(paths.loss[:, 1])
@@ -164,8 +174,11 @@ def test_paths_one_step_mean_is_the_moment_equation():
 
 @pytest.mark.slow  # compiles the path map
 def test_paths_full_batch_is_gradient_descent():
-    # c_b = 0 (batch = dataset size): every path is gradient descent on the
-    # modes, which the moment equation is exactly at the full batch
+    # c_b = 0 (batch = dataset size): every path of the Gaussian map is
+    # gradient descent on the modes, which the moment equation is exactly at
+    # the full batch (pinned to the Gaussian map: on this dataset, not
+    # symmetric under x_k -> -x_k, the sampled map's full batch is real gradient
+    # descent, whose gradient has an off-diagonal part the moments leave out)
     data = (
         jnp.asarray(np.random.default_rng(0).normal(size=(64, D)) * np.sqrt(S)),
         None,
@@ -174,7 +187,9 @@ def test_paths_full_batch_is_gradient_descent():
     ys = (xs**2 @ jnp.asarray(MU))[:, None]
     eta, steps = jnp.full(60, 0.05), jnp.full(60, 64.0)
     kw = dict(samples=(xs, ys))
-    paths = nqfjax.sgd_paths(_task(), eta, steps, M0, paths=3, **kw)
+    paths = nqfjax.sgd_paths(
+        _task(), eta, steps, M0, paths=3, minibatch="gaussian", **kw
+    )
     gd = nqfjax.sgd_moments(_task(), eta, steps, M0, **kw)
     for p in range(3):
         np.testing.assert_allclose(paths.loss[p], gd.loss, rtol=1e-9)
@@ -196,6 +211,14 @@ def test_typical_criterion_bad_input():
         nqfjax.sgd_paths(task, eta, b, M0, paths=2.5)
     with pytest.raises(ValueError, match="m0"):
         nqfjax.sgd_paths(task, eta, b, -M0)
+    with pytest.raises(ValueError, match="`minibatch` must be 'sampled' or"):
+        nqfjax.sgd_paths(task, eta, b, M0, minibatch="poisson")
+    with pytest.raises(ValueError, match="max_samples"):
+        nqfjax.sgd_paths(task, eta, b, M0, max_samples=0)
+    with pytest.raises(ValueError, match="minibatch"):
+        nqfjax.TypicalLoss(minibatch=None)
+    with pytest.raises(ValueError, match="max_samples"):
+        nqfjax.TypicalLoss(max_samples=2.0)
     with pytest.raises(ValueError, match="task"):  # not a Gaussian quadratic task
         nqfjax.sgd_paths(object(), eta, b, M0)
     with pytest.raises(ValueError, match="learning_rate_bounds"):
@@ -237,21 +260,11 @@ def _online_sgd(eta, b, keys, steps=T):
     return jax.jit(jax.vmap(one))(keys)
 
 
-@pytest.mark.slow  # online SGD over 64 seeds at 8 learning rates, 300 steps
-def test_typical_edge_and_final_loss_match_online_sgd():
-    # batch 16: the designer's edge (half of 128 paths diverge) against the
-    # rate at which half of 64 seeds of online SGD diverge (bisection, 6 steps
-    # from a factor-2.5 bracket: resolution 2%; the seeds' fraction error
-    # 0.06, ~2% in eta). Issue's tolerance 20%; measured -11 to -15% (the Gaussian
-    # noise of the map kicks harder than the real one at small batches).
-    b = 16
-    kw = dict(noise_variance=SIGMA2)
-    crit = nqfjax.TypicalLoss(paths=128)
-    edge = float(
-        nqfjax.stability_edge(_task(), b, M0, num_steps=T, criterion=crit, **kw)
-    )
-    keys = jax.random.split(jax.random.key(3), 64)
-    lo, hi = edge / 2.5, edge * 2.5
+def _real_edge(guess, b, keys):
+    """The constant rate at which half of the seeds of `_online_sgd` diverge:
+    bisection in log eta, 6 steps from a factor-2.5 bracket around `guess`
+    (resolution 2%; the seeds' fraction error 0.06 for 64 seeds, ~2% in eta)."""
+    lo, hi = guess / 2.5, guess * 2.5
 
     def unstable(eta):
         _, bad = _online_sgd(jnp.full(T, eta), b, keys)
@@ -261,7 +274,39 @@ def test_typical_edge_and_final_loss_match_online_sgd():
     for _ in range(6):
         mid = np.sqrt(lo * hi)
         lo, hi = (lo, mid) if unstable(mid) else (mid, hi)
-    real = np.sqrt(lo * hi)
+    return np.sqrt(lo * hi)
+
+
+@pytest.mark.slow  # online SGD over 64 seeds at 8 learning rates, 300 steps
+def test_sampled_edge_matches_online_sgd_at_batch_4():
+    # batch 4, where the Gaussian map's edge is 35% low: the sampled map's
+    # (half of 128 paths diverge) against online SGD's (half of 64 seeds).
+    # Issue's tolerance 20%; measured +1.4% (the Gaussian map: -35%).
+    b = 4
+    crit = nqfjax.TypicalLoss(paths=128)
+    edge = float(
+        nqfjax.stability_edge(
+            _task(), b, M0, num_steps=T, criterion=crit, noise_variance=SIGMA2
+        )
+    )
+    real = _real_edge(edge, b, jax.random.split(jax.random.key(3), 64))
+    assert abs(edge / real - 1) < 0.2, (edge, real)
+
+
+@pytest.mark.slow  # online SGD over 64 seeds at 8 learning rates, 300 steps
+def test_typical_edge_and_final_loss_match_online_sgd():
+    # batch 16: the designer's edge (half of 128 paths of the sampled map
+    # diverge) against the rate at which half of 64 seeds of online SGD
+    # diverge. Issue's tolerance 20%; measured +1.4% (the Gaussian map:
+    # -11 to -15%).
+    b = 16
+    kw = dict(noise_variance=SIGMA2)
+    crit = nqfjax.TypicalLoss(paths=128)
+    edge = float(
+        nqfjax.stability_edge(_task(), b, M0, num_steps=T, criterion=crit, **kw)
+    )
+    keys = jax.random.split(jax.random.key(3), 64)
+    real = _real_edge(edge, b, keys)
     assert abs(edge / real - 1) < 0.2, (edge, real)
     # the typical final loss of two schedules that converge: the geometric mean
     # over the seeds (64: its standard error ~1%) against the paths' (256);
@@ -281,3 +326,94 @@ def test_typical_edge_and_final_loss_match_online_sgd():
             float(predicted.final_loss),
             measured,
         )
+
+
+def _wick_loss(M, s, mu):
+    """`E (x^T M x - y)^2 / 2`, `x ~ N(0, diag s)`, `y = x^2 . mu + xi`."""
+    SD = s[:, None] * (M - np.diag(mu))
+    return 0.5 * (2 * np.trace(SD @ SD) + np.trace(SD) ** 2 + SIGMA2)
+
+
+@pytest.mark.slow  # compiles the sampled path map twice
+@pytest.mark.parametrize("draw", ["population", "dataset"])
+def test_sampled_paths_are_sgd_on_W(draw):
+    # the sampled map (the exact step on M) against plain NumPy SGD on W,
+    # W <- W - 2 eta G_hat W with G_hat = mean_s e_s x_s x_s^T, on the same
+    # minibatches (drawn as sgd_paths draws them: the keys split(key, (P, T)),
+    # fresh samples or distinct rows of a sign-symmetric dataset), in the mode
+    # basis; the full-data loss in closed form or over the dataset. Equal to
+    # rounding (float64).
+    from nqfjax.engines._sgd_paths import dataset_draw, population_draw
+
+    steps, P, b = 60, 3, 4
+    # from half the edge at batch 4 (fresh samples ~0.08; this small dataset,
+    # with a row of |x|^2 = 9.5, diverges above ~0.02)
+    eta = np.linspace(0.04 if draw == "population" else 0.015, 0.005, steps)
+    key = jax.random.key(4)
+    if draw == "population":
+        kw = dict(noise_variance=SIGMA2)
+    else:
+        base = np.random.default_rng(1).normal(size=(8, D)) * np.sqrt(S)
+        signs = np.array(list(itertools.product([1.0, -1.0], repeat=D)))
+        xs = (base[:, None, :] * signs[None]).reshape(-1, D)
+        # label noise shared by the sign-flipped copies of a row (symmetry)
+        noise = np.repeat(0.2 * np.random.default_rng(2).normal(size=8), 16)
+        ys = xs**2 @ MU + noise
+        kw = dict(samples=(xs, ys))
+    out = nqfjax.sgd_paths(
+        _task(), eta, np.full(steps, float(b)), M0, paths=P, key=key, **kw
+    )
+    assert not bool(jnp.any(out.diverged))
+    U = np.asarray(out.basis)
+    s, mu = np.diag(U.T @ np.diag(S) @ U), np.diag(U.T @ np.diag(MU) @ U)
+    if draw == "dataset":
+        xs_m = xs @ U
+
+        def loss(M):
+            return 0.5 * np.mean((np.einsum("ni,ij,nj->n", xs_m, M, xs_m) - ys) ** 2)
+    else:
+
+        def loss(M):
+            return _wick_loss(M, s, mu)
+
+    keys = jax.random.split(key, (P, steps))
+    for p in range(P):
+        W = np.diag(np.sqrt(M0))
+        losses = [loss(W @ W.T)]
+        for t in range(steps):
+            if draw == "population":
+                x, y = population_draw(
+                    keys[p, t], b, jnp.asarray(s), jnp.asarray(mu), SIGMA2
+                )
+            else:
+                x, y = dataset_draw(keys[p, t], b, jnp.asarray(xs_m), jnp.asarray(ys))
+            x, y = np.asarray(x), np.asarray(y)
+            e = np.einsum("si,ij,sj->s", x, W @ W.T, x) - y
+            G = (x * e[:, None]).T @ x / b
+            W = W - 2 * eta[t] * G @ W
+            losses.append(loss(W @ W.T))
+        np.testing.assert_allclose(out.loss[p], losses, rtol=1e-9)
+    # the runs move: the loss falls by orders of magnitude
+    assert float(out.loss[0, -1]) < 0.1 * float(out.loss[0, 0])
+
+
+@pytest.mark.slow  # compiles the sampled map and its gradient
+def test_sampled_paths_gradient_in_batch_sizes_matches_finite_differences():
+    # a real batch size b takes floor(b) samples and rescales the gradient's
+    # deviation by sqrt(c_b / c_floor(b)): the criterion is differentiable in
+    # b (what optimize_schedule needs). Its gradient along a uniform shift of
+    # b, against a central difference within the same floor (h = 0.05; the
+    # same draws: common random numbers); measured equal to 2e-5.
+    crit = nqfjax.TypicalLoss(paths=32)
+    steps = 100
+
+    def objective(eta, b):
+        return crit.objective(_task(), eta, b, M0, dict(noise_variance=SIGMA2))
+
+    eta, b = jnp.full(steps, 0.05), jnp.full(steps, 12.4)
+    grad_eta, grad_b = jax.grad(objective, argnums=(0, 1))(eta, b)
+    assert bool(jnp.all(jnp.isfinite(grad_eta)))
+    h = 0.05
+    fd = (objective(eta, b + h) - objective(eta, b - h)) / (2 * h)
+    assert float(fd) < 0  # larger batches, less noise, lower loss
+    np.testing.assert_allclose(float(jnp.sum(grad_b)), float(fd), rtol=1e-3)

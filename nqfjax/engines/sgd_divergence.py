@@ -1,8 +1,9 @@
 r"""The typical minibatch SGD run on the quadratic network: where it diverges
 (`sgd_divergence_boundary`, the largest learning rate at which at most half of
 the runs diverge, from a stochastic map of the Lotka-Volterra modes), and its
-loss under a schedule (`sgd_paths`, simulated paths of the stochastic map of
-the whole of $M$, `nqfjax/engines/_sgd_paths.py`).
+loss under a schedule (`sgd_paths`, simulated SGD paths of the whole of $M$
+with real minibatches, or a Gaussian minibatch gradient,
+`nqfjax/engines/_sgd_paths.py`).
 
 The mean-loss moment equation (`sgd_moments`) says where the *mean* loss over
 the minibatches blows up; that mean is dominated by rare runs, and it blows up at
@@ -40,11 +41,26 @@ methods.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_key, check_shape, error_if, positive, static_int
+from .._checks import (
+    check_key,
+    check_shape,
+    error_if,
+    is_concrete,
+    positive,
+    static_int,
+)
 from ..tasks.gaussian import GaussianQuadraticTask
-from ._sgd_paths import path_loss, simulate_paths
+from ._sgd_paths import (
+    dataset_draw,
+    gaussian_step,
+    path_loss,
+    population_draw,
+    sampler,
+    simulate_paths,
+)
 from .sgd_moments import (
     Moments,
     check_batch_sizes,
@@ -284,22 +300,29 @@ def sgd_paths(
     paths: int = 256,
     key: PRNGKeyArray | None = None,
     divergence_factor: float = 1e4,
+    minibatch: str = "sampled",
+    max_samples: int = 64,
 ) -> SGDPaths:
     r"""Simulate `paths` minibatch SGD runs on the quadratic network under the
-    schedule $(\eta_t, b_t)$ with the stochastic map of the whole of $M$:
+    schedule $(\eta_t, b_t)$, each the exact step on the whole of $M$:
 
     $$M \leftarrow (I - 2\eta_t \hat G)\, M\, (I - 2\eta_t \hat G),\qquad
-    \hat G = K[M - M_\star] + \sqrt{c_{b_t}}\, N,$$
+    \hat G = \frac1{b_t}\sum_s e_s x_s x_s^\top \ \text{(sampled)}\quad\text{or}\quad
+    K[M - M_\star] + \sqrt{c_{b_t}}\, N \ \text{(Gaussian)},$$
 
-    $N$ a Gaussian with the covariance of one sample's gradient at $M$ (the
-    module `nqfjax/engines/_sgd_paths.py` gives it), $c_b = \frac{n-b}{b(n-1)}$
-    ($1/b$ for fresh samples). The training it describes is the one
-    `sgd_moments` predicts the mean of; unlike that mean (which heavy-tailed
-    rare runs dominate, and which blows up at a learning rate far below the
-    one that stops a typical run), the paths give the typical run:
-    `SGDPaths.typical_loss`, `diverged_fraction`. One jitted program,
-    `O(paths T d^4)` work, differentiable in both sequences (the same noise,
-    from `key`, for every schedule: common random numbers).
+    (the module `nqfjax/engines/_sgd_paths.py` gives both). `"sampled"`
+    draws real minibatches: fresh Gaussian inputs and labels of the task
+    (online SGD), or, with `samples`, distinct rows of that dataset as `train`
+    draws them; at integer batch sizes up to `max_samples` this is SGD
+    (real batch sizes keep the variance $c_b = \frac{n-b}{b(n-1)}$, so that
+    the paths are differentiable in them; larger batches take the Gaussian
+    step). `"gaussian"` matches the gradient's first two moments only, and
+    diverges early at batches of a few samples. Unlike the mean loss
+    (`sgd_moments`, which heavy-tailed rare runs dominate), the paths give the
+    typical run: `SGDPaths.typical_loss`, `diverged_fraction`. One jitted
+    program, `O(paths T (max_samples d^2 + d^3))` work sampled,
+    `O(paths T d^4)` Gaussian, differentiable in both sequences (the same
+    draws, from `key`, for every schedule: common random numbers).
 
     **Arguments:** as for `sgd_moments` (`task` a `gaussian_quadratic_task`
     whose covariance commutes with `M_star`; `learning_rates` and
@@ -307,11 +330,14 @@ def sgd_paths(
 
     - `paths`: how many runs to simulate (static int, default 256).
     - `key`: the PRNG key of the simulated noise (default `jax.random.key(0)`).
+    - `minibatch`: `"sampled"` (default) or `"gaussian"`.
+    - `max_samples`: the most samples a sampled step draws (static int,
+      default 64); larger batches take the Gaussian step.
 
     **Returns:** an `SGDPaths`.
 
-    **Raises:** `ValueError` as `sgd_moments` does, and for a bad `paths` or
-    `key`.
+    **Raises:** `ValueError` as `sgd_moments` does, and for a bad `paths`,
+    `key`, `minibatch` or `max_samples`.
     """
     U, mom, n, eta, bs, m0, factor = schedule_inputs(
         task,
@@ -325,16 +351,58 @@ def sgd_paths(
     )
     dtype = eta.dtype
     paths = static_int("paths", paths)
+    minibatch = check_minibatch(minibatch)
+    max_samples = static_int("max_samples", max_samples)
     key = jax.random.key(0) if key is None else check_key(key)
-    loss, first, threshold = _paths(mom, n, eta, bs, m0, key, paths, factor)
+    if minibatch == "gaussian":
+        data, draws = None, 0
+    else:
+        draws = max_samples if n is None else min(max_samples, n)
+        if is_concrete(bs):  # draw no more than the largest batch needs
+            draws = min(draws, max(1, int(np.floor(float(jnp.max(bs))))))
+        if samples is None:
+            _, s, mu = task_modes(task)
+            sigma2 = jnp.asarray(noise_variance, dtype)
+            data = ("population", jnp.asarray(s, dtype), jnp.asarray(mu, dtype), sigma2)
+        else:
+            xs, ys = samples
+            xs = jnp.asarray(xs, dtype) @ jnp.asarray(U, dtype)
+            draws = min(draws, xs.shape[0])
+            data = ("dataset", xs, jnp.asarray(ys, dtype).reshape(-1))
+    loss, first, threshold = _paths(
+        mom, n, eta, bs, m0, key, paths, factor, data, draws
+    )
     return SGDPaths(loss, first, threshold, jnp.asarray(U, dtype))
 
 
+def check_minibatch(minibatch) -> str:
+    """`minibatch` if it is `"sampled"` or `"gaussian"`; else `ValueError`."""
+    if not (isinstance(minibatch, str) and minibatch in ("sampled", "gaussian")):
+        raise ValueError(
+            f"`minibatch` must be 'sampled' or 'gaussian', got {minibatch!r}."
+        )
+    return minibatch
+
+
 @eqx.filter_jit
-def _paths(mom, n, eta, bs, m0, key, paths, factor):
+def _paths(mom, n, eta, bs, m0, key, paths, factor, data, draws):
     d = m0.shape[0]
+    T = eta.shape[0]
     zero = jnp.zeros((d, d), m0.dtype)
     threshold = factor * jnp.maximum(path_loss(mom, jnp.diag(m0)), path_loss(mom, zero))
-    noise = jax.random.normal(key, (paths, eta.shape[0], d, d), m0.dtype)
-    loss, first = simulate_paths(mom, n, eta, bs, m0, noise, threshold)
-    return loss, first, threshold
+    if data is None:
+        noise = jax.random.normal(key, (paths, T, d, d), m0.dtype)
+
+        def step(M, eta_t, b_t, z):
+            return gaussian_step(mom, M, eta_t, noise_factor(b_t, n), z)
+
+        return (*simulate_paths(mom, step, eta, bs, m0, noise, threshold), threshold)
+    if data[0] == "population":
+        _, s, mu, sigma2 = data
+        draw = lambda k, count: population_draw(k, count, s, mu, sigma2)  # noqa: E731
+    else:
+        _, xs, ys = data
+        draw = lambda k, count: dataset_draw(k, count, xs, ys)  # noqa: E731
+    step = sampler(mom, n, draw, draws, data[0] == "dataset")
+    keys = jax.random.split(key, (paths, T))
+    return (*simulate_paths(mom, step, eta, bs, m0, keys, threshold), threshold)
