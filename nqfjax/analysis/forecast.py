@@ -26,12 +26,27 @@ from ._least_squares import (
     nothing_to_fit,
     robust_least_squares,
 )
+from .continuations import (
+    anchored,
+    backtest,
+    backtest_band,
+    flat_curve,
+    power_law_curve,
+    tail_curve,
+)
 from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
 
 
 #: The model's own error in `log L` that the band always allows for: the
 #: continuum of modes beyond `p` is accurate to about 1% (`fit_spectrum`).
 _MODEL_ERROR = 0.02
+
+#: The band at 90% spans this many times the largest backtest error (scaled to
+#: the horizon): measured on recorded training runs (see `forecast`).
+_BAND_SCALE = 2.0
+
+#: The continuations `forecast` chooses among (`model="auto"`).
+MODELS = ("spectrum", "tail", "power law", "flat")
 
 
 class Forecast(eqx.Module):
@@ -83,6 +98,8 @@ class Forecast(eqx.Module):
     rms: Float[Array, ""]
     found: bool = eqx.field(static=True, default=True)
     reason: str = eqx.field(static=True, default="")
+    model: str = eqx.field(static=True, default="spectrum")
+    weights: tuple = eqx.field(static=True, default=())
 
 
 def _log_model(theta, ts, p: int, n_modes):
@@ -180,6 +197,7 @@ def forecast(
     n_windows: int = 32,
     shrink: float = 0.15,
     key: PRNGKeyArray | None = None,
+    model: str = "auto",
 ) -> Forecast:
     r"""Forecast a training curve from its beginning.
 
@@ -221,6 +239,8 @@ def forecast(
     until, n_modes = _check_forecast_options(
         t, until, p, n_modes, n_points, level, n_windows, shrink
     )
+    if model != "auto" and model not in MODELS:
+        raise ValueError(f"`model` must be 'auto' or one of {MODELS}, got {model!r}.")
     grid = np.geomspace(
         max(t[-1], t[t > 0][0] if np.any(t > 0) else 1.0), until, n_points
     )
@@ -236,27 +256,87 @@ def forecast(
     key = jax.random.key(0) if key is None else key
     at = jnp.asarray(grid, dtype)
     centre = np.asarray(_log_model(theta, at, int(p), n_modes))
-    lower, upper = _band(
-        theta,
-        cov,
-        rms,
-        centre,
-        t,
-        ly,
-        use,
-        at,
-        int(p),
-        n_modes,
-        level,
-        int(n_draws),
-        int(n_windows),
-        float(shrink),
-        key,
+    fit = (int(p), n_modes, int(steps), dtype, theta)
+    weights, centre, below, above = _backtested(
+        t, y, ly, use, until, grid, centre, fit, model, level
     )
-    return _result(grid, centre, lower, upper, theta, rms, t[-1], until, int(p))
+    chosen = max(weights, key=lambda pair: pair[1])[0]
+    if below is None and chosen != "spectrum":
+        below = above = np.zeros(grid.shape)
+    if below is None:  # no backtest: the fit's own band
+        lower, upper = _band(
+            theta,
+            cov,
+            rms,
+            centre,
+            t,
+            ly,
+            use,
+            at,
+            int(p),
+            n_modes,
+            level,
+            int(n_draws),
+            int(n_windows),
+            float(shrink),
+            key,
+        )
+    else:
+        widen = max(float(rms) if chosen == "spectrum" else 0.0, _MODEL_ERROR)
+        lower = np.exp(centre - below - widen)
+        upper = np.exp(centre + above + widen)
+    return _result(
+        grid, centre, lower, upper, theta, rms, t[-1], until, int(p), chosen, weights
+    )
 
 
-def _result(grid, centre, lower, upper, theta, rms, last, until, p) -> Forecast:
+def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
+    """The continuation: `model`, or with `"auto"` the average of the candidates
+    weighted by their inverse mean squared backtest error, and its band's
+    half-widths in `log L` from its backtest errors: `(weights, centre, below,
+    above)` (`below = above = None` where the prefix is too short for a
+    backtest and the spectrum is kept)."""
+    p, n_modes, steps, dtype, fitted = fit
+
+    def spectrum(t, ly, before, origin, horizon, at):
+        theta = fitted
+        if before.sum() < use.sum():  # a backtest: refitted from scratch
+            theta, _, _ = _fit_prefix(t, y, ly, before, p, n_modes, steps, dtype)
+        return np.asarray(_log_model_at(theta, jnp.asarray(at, dtype), p, n_modes))
+
+    every = dict(zip(MODELS, (spectrum, tail_curve, power_law_curve, flat_curve)))
+    names = MODELS if model == "auto" else (model,)
+    horizon = float(np.log(until / t[use][-1]))
+    errors, fractions = backtest(t, ly, use, horizon, {n: every[n] for n in names})
+    if fractions.size == 0:
+        names = ("spectrum",) if model == "auto" else names
+        errors = {names[0]: np.zeros((0, 1))}
+    mse = np.array([np.mean(errors[n] ** 2) if errors[n].size else 1.0 for n in names])
+    weights = (1 / (mse + 1e-12)) / np.sum(1 / (mse + 1e-12))
+    curves = [anchored(every[n], t, ly, use, t[use][-1], horizon, grid) for n in names]
+    blend = np.tensordot(weights, np.asarray(curves), 1)
+    pairs = tuple((n, round(float(w), 4)) for n, w in zip(names, weights))
+    if fractions.size == 0:
+        return pairs, blend, None, None
+    s = np.log(grid / t[use][-1]) / horizon
+    err = np.tensordot(weights, np.asarray([errors[n] for n in names]), 1)
+    half = backtest_band(err, fractions, s, _band_z(level))
+    return pairs, blend, half, half
+
+
+def _band_z(level: float) -> float:
+    """How many times the largest scaled backtest error the band spans:
+    `_BAND_SCALE` at 90%, in proportion to the normal quantile of `level`
+    otherwise."""
+    from statistics import NormalDist
+
+    normal = NormalDist()
+    return _BAND_SCALE * normal.inv_cdf((1 + level) / 2) / normal.inv_cdf(0.95)
+
+
+def _result(
+    grid, centre, lower, upper, theta, rms, last, until, p, model, weights
+) -> Forecast:
     """The `Forecast` of the fitted `theta`: its `centre` (log loss) and band on
     `grid`, and the modes switching on between `last` and `until`."""
     times, modes = _switch_ons(np.asarray(theta), last, until, p)
@@ -280,6 +360,8 @@ def _result(grid, centre, lower, upper, theta, rms, last, until, p) -> Forecast:
         amplitude=jnp.exp(theta[4]),
         observed_until=float(last),
         rms=rms,
+        model=model,
+        weights=weights,
     )
 
 
