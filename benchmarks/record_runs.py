@@ -123,9 +123,16 @@ def main(names):
     for name in names or RUNS:
         steps, loss = record(name)
         path = os.path.join(OUT, f"{name}.csv")
-        header = f"{name}: {RUNS[name]} (data set, optimizer, rate, steps, scale)\nstep,loss"
-        np.savetxt(path, np.column_stack([steps, loss]), fmt=["%d", "%.10g"],
-                   delimiter=",", header=header)
+        header = (
+            f"{name}: {RUNS[name]} (data set, optimizer, rate, steps, scale)\nstep,loss"
+        )
+        np.savetxt(
+            path,
+            np.column_stack([steps, loss]),
+            fmt=["%d", "%.10g"],
+            delimiter=",",
+            header=header,
+        )
         print(f"{name}: {len(steps)} records, loss {loss[0]:.3g} -> {loss[-1]:.3g}")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 
 #: The origins of the backtest: `f` of the forecast's horizon before the end.
-BACKTEST_FRACTIONS = (1.0, 0.75, 0.5)
+BACKTEST_FRACTIONS = (0.5, 0.35, 0.25)
 #: The relative horizons at which the backtest measures errors.
 HORIZONS = np.linspace(0.05, 1.0, 20)
 #: Points a candidate needs before an origin.
@@ -136,13 +136,14 @@ def backtest_band(errors: np.ndarray, fractions: np.ndarray, s: np.ndarray, z: f
     r"""The band's half-width at relative horizons `s` (`ln(t/T) / X`) from a
     candidate's backtest `errors`: each origin's error at the same relative
     horizon, scaled to the full horizon (divided by its `f`: errors grow in
-    proportion to the horizon), the largest in size, times `z`; shape
-    `s.shape` (zero without origins). Symmetric: three origins say how far a
-    continuation strays, not reliably to which side."""
+    proportion to the horizon), their root mean square over the origins, times
+    `z`; shape `s.shape` (zero without origins). Symmetric: three origins say
+    how far a continuation strays, not reliably to which side."""
     if errors.shape[0] == 0:
         return np.zeros(s.shape)
     scaled = np.abs(errors) / fractions[:, None]
     at = np.clip(s, HORIZONS[0], 1.0)
-    worst = np.max([np.interp(at, HORIZONS, e) for e in scaled], 0)
+    each = np.array([np.interp(at, HORIZONS, e) for e in scaled])
+    typical = np.sqrt(np.mean(each**2, 0))
     ramp = np.clip(s / HORIZONS[0], 0, 1)  # to zero at the origin itself
-    return z * worst * ramp
+    return z * typical * ramp

@@ -1,7 +1,8 @@
 r"""The rest of a training curve, from its beginning (`forecast`): the power-law
 mode spectrum of `fit_spectrum` with a floor, fitted to the observed prefix and
-continued, with a band from the fit's uncertainty, the times at which the next
-modes switch on, and the level the loss ends at.
+continued, weighed against simpler continuations (`continuations`) by their
+errors on backtests inside the prefix, with a band from those errors, the
+times at which the next modes switch on, and the level the loss ends at.
 
 The model is `SpectrumFit`'s (modes $\lambda_k = k^{-\alpha}$, targets
 $m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all from
@@ -41,9 +42,10 @@ from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
 #: continuum of modes beyond `p` is accurate to about 1% (`fit_spectrum`).
 _MODEL_ERROR = 0.02
 
-#: The band at 90% spans this many times the largest backtest error (scaled to
-#: the horizon): measured on recorded training runs (see `forecast`).
-_BAND_SCALE = 2.0
+#: The band at 90% spans this many times the rms backtest error (scaled to the
+#: horizon): chosen on eight recorded training runs (benchmarks/forecast_runs.py)
+#: for a pooled coverage near 90%.
+_BAND_SCALE = 3.0
 
 #: The continuations `forecast` chooses among (`model="auto"`).
 MODELS = ("spectrum", "tail", "power law", "flat")
@@ -56,13 +58,16 @@ class Forecast(eqx.Module):
 
     - `ts`: the times of the forecast, shape `(F,)`, log-spaced from the end of
       the observed prefix to `until`.
-    - `loss`: the forecast loss at `ts` (the fitted model), shape `(F,)`.
-    - `lower`, `upper`: the band, shape `(F,)`: the central `level` (default
-      95%) of the models drawn from the fit's covariance and of the fits to
-      shortened prefixes, the model moved in time by one e-fold of each
-      mode's initial size, reaching down to the model without its floor (a
-      floor below the observed losses is not seen), widened by twice the
-      fit's rms misfit in `log L` (at least 2%, the model's own error).
+    - `loss`: the forecast loss at `ts`, shape `(F,)`: the candidate
+      continuations (see `forecast`) averaged in `log L` with `weights`,
+      each moved to pass through the last observed value.
+    - `lower`, `upper`: the band, shape `(F,)`: the forecast times and divided
+      by `e^w`, `w` the backtest's error scaled to the horizon (see
+      `forecast`) widened by 2% (the model's own error); for a prefix too
+      short for a backtest, the spectrum's own band (the central `level` of
+      parameter draws and of refits on shortened prefixes, the model moved in
+      time by the modes' scattered initial sizes, down to the model without
+      its floor, widened by twice the rms misfit).
     - `switch_on_times`: when the next modes switch on (those after the
       prefix, up to `until`): each one's half-way time
       $\ln(m^*_k/\epsilon - 1)/r_k$, as `switch_on_times` defines it, shape
@@ -77,6 +82,9 @@ class Forecast(eqx.Module):
       `log L` on the prefix.
     - `found`, `reason`: whether there was anything to forecast from (a flat,
       zero or rising prefix has nothing; the numbers are then NaN).
+    - `model`: the continuation with the largest weight (`"spectrum"`,
+      `"tail"`, `"power law"` or `"flat"`, the last value kept); `weights`:
+      each candidate's weight, as `(name, weight)` pairs.
     """
 
     ts: Float[Array, " F"]
@@ -204,17 +212,32 @@ def forecast(
     Fits the power-law mode spectrum with a floor (see the module notes) to the
     observed `(ts, loss)` by least squares in $\log L$ (`fit_spectrum`'s
     starts, each with a few floors, Adam and `optimistix.LevenbergMarquardt`),
-    and continues it to `until`. The band (see the how-to on loss curves) joins
-    the central `level` of the model over `n_draws` parameter draws from the
-    fit's Laplace covariance (the noise) and of `n_windows` refits on the
-    prefix with its end cut by up to `shrink` of its span in $\log t$ (the
-    window), and the model at $t (1 \pm \delta)$, $\delta = 1/\ln(1/\epsilon)$
-    (the modes' scattered initial sizes); it reaches down to the model without
-    its floor and is widened by twice the rms misfit in $\log L$ and at least
-    2% (the model's own error). The
-    model is differentiable in its parameters (closed-form logistic modes and
-    the sharp-switch continuum), so the forecast can be pushed through
-    `jax.grad` by calling the model directly.
+    and weighs its continuation to `until` against simpler ones: a power law
+    with a floor fitted to the prefix's last stretch (as many e-folds of `t` as
+    the horizon `X = ln(until / ts[-1])`; a settled tail), a power law with a
+    shift and a floor fitted to the later half of the prefix in $\log t$, and
+    the last value kept. Each candidate is moved to pass through the last
+    observed value.
+
+    **The backtest.** Each candidate also forecasts the prefix itself from
+    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
+    before them), fitted to the points before the origin only, and its errors in
+    $\log L$ are measured at the same relative horizons. The forecast is the
+    candidates' average in $\log L$ weighted by the inverse of their mean
+    squared backtest error (`Forecast.weights`; `Forecast.model` names the
+    heaviest, and `model=` forces one). The band is that average's rms
+    backtest error over the origins at each relative horizon, scaled to the
+    full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
+    the normal quantile otherwise; the factor chosen on recorded training
+    runs, see the how-to on loss curves), plus 2%. A prefix too short for any
+    backtest keeps the spectrum and its own band: the central `level` of the
+    model over `n_draws` parameter draws from the fit's Laplace covariance
+    and of `n_windows` refits on the prefix with its end cut by up to
+    `shrink` of its span in $\log t$, and the model at $t (1 \pm \delta)$,
+    $\delta = 1/\ln(1/\epsilon)$, down to the model without its floor,
+    widened by twice the rms misfit. The spectrum is differentiable in its
+    parameters (closed-form logistic modes and the sharp-switch continuum), so
+    it can be pushed through `jax.grad` by calling the model directly.
 
     **Arguments:**
 
@@ -228,12 +251,14 @@ def forecast(
     - `n_windows`, `shrink`: refits on shortened prefixes for the band, and
       the largest fraction of the prefix's span in $\log t$ cut from its end.
     - `key`: PRNG key for the draws (default `key(0)`).
+    - `model`: `"auto"` (default: the backtest-weighted average) or one
+      candidate: `"spectrum"`, `"tail"`, `"power law"` or `"flat"`.
 
     **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
     for a prefix that is zero, flat or rising).
 
     **Raises:** `ValueError` for a malformed curve, `until <= ts[-1]`, fewer than
-    8 positive points, or bad options.
+    8 positive points, or bad options (an unknown `model` among them).
     """
     t, y = host_curve(ts, loss)
     until, n_modes = _check_forecast_options(
