@@ -10,9 +10,10 @@ the backtest that chooses among them and sizes the band (numpy only).
 - the flat continuation: the last value kept.
 
 The backtest forecasts the prefix from earlier origins $T_b = T e^{-f X}$ (`X`
-the forecast's horizon in e-folds of `t`, `f` in `BACKTEST_FRACTIONS`) to its
-end, each candidate from the data before its origin only, and measures the
-error of $\log L$ at relative horizons $s = \ln(t/T_b) / (f X)$ in `(0, 1]`."""
+the forecast's horizon in e-folds of `t`, `f` in `BACKTEST_FRACTIONS`, scaled
+down where `f X` would pass `REACH` of the prefix's span) to its end, each
+candidate from the data before its origin only, and measures the error of
+$\log L$ at relative horizons $s = \ln(t/T_b) / (f X)$ in `(0, 1]`."""
 
 from collections.abc import Callable
 
@@ -23,6 +24,8 @@ import numpy as np
 BACKTEST_FRACTIONS = (0.5, 0.35, 0.25)
 #: The relative horizons at which the backtest measures errors.
 HORIZONS = np.linspace(0.05, 1.0, 20)
+#: The longest backtest, as a fraction of the prefix's span in `log t`.
+REACH = 0.5
 #: Points a candidate needs before an origin.
 MIN_POINTS = 8
 
@@ -113,7 +116,11 @@ def backtest(
     log_t = np.log(np.maximum(t, 1e-300))
     errors: dict[str, list] = {name: [] for name in candidates}
     fractions = []
-    for f in BACKTEST_FRACTIONS:
+    # a horizon longer than half the prefix (in log t) is backtested over half
+    # the prefix: the candidates must see most of it to say anything
+    span = np.log(t_end / t[use & (t > 0)][0])
+    reach = min(horizon, REACH * span)
+    for f in np.asarray(BACKTEST_FRACTIONS) * reach / horizon:
         origin = t_end * np.exp(-f * horizon)
         before = use & (t <= origin) & (t > 0)
         if before.sum() < MIN_POINTS:

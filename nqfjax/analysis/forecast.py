@@ -220,7 +220,8 @@ def forecast(
     observed value.
 
     **The backtest.** Each candidate also forecasts the prefix itself from
-    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
+    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4, scaled down so that
+    `fX` stays within half the prefix's span in $\log t$; those with 8 points
     before them), fitted to the points before the origin only, and its errors in
     $\log L$ are measured at the same relative horizons. The forecast is the
     candidates' average in $\log L$ weighted by the inverse of their mean
