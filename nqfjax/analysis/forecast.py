@@ -47,6 +47,10 @@ _MODEL_ERROR = 0.02
 #: for a pooled coverage near 90%.
 _BAND_SCALE = 3.0
 
+#: A candidate with this much of the weight takes all of it (the backtests are
+#: decisive: a curve of the model's own kind).
+_DECISIVE = 0.9
+
 #: The continuations `forecast` chooses among (`model="auto"`).
 MODELS = ("spectrum", "tail", "power law", "flat")
 
@@ -226,11 +230,14 @@ def forecast(
     $\log L$ are measured at the same relative horizons. The forecast is the
     candidates' average in $\log L$ weighted by the inverse of their mean
     squared backtest error (`Forecast.weights`; `Forecast.model` names the
-    heaviest, and `model=` forces one). The band is that average's rms
+    heaviest, and `model=` forces one; one with 90% of the weight takes all
+    of it: the backtests are decisive). The band is that average's rms
     backtest error over the origins at each relative horizon, scaled to the
     full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
     the normal quantile otherwise; the factor chosen on recorded training
-    runs, see the how-to on loss curves), plus 2%. A prefix too short for any
+    runs, see the how-to on loss curves), plus 2%; for the spectrum alone it
+    reaches down to the spectrum without its floor (a floor below the
+    observed losses is not seen by the prefix). A prefix too short for any
     backtest keeps the spectrum and its own band: the central `level` of the
     model over `n_draws` parameter draws from the fit's Laplace covariance
     and of `n_windows` refits on the prefix with its end cut by up to
@@ -281,7 +288,7 @@ def forecast(
     theta, cov, rms = _fit_prefix(t, y, ly, use, int(p), n_modes, int(steps), dtype)
     key = jax.random.key(0) if key is None else key
     at = jnp.asarray(grid, dtype)
-    centre = np.asarray(_log_model(theta, at, int(p), n_modes))
+    raw = centre = np.asarray(_log_model(theta, at, int(p), n_modes))
     fit = (int(p), n_modes, int(steps), dtype, theta)
     weights, centre, below, above = _backtested(
         t, y, ly, use, until, grid, centre, fit, model, level
@@ -309,7 +316,13 @@ def forecast(
         )
     else:
         widen = max(float(rms) if chosen == "spectrum" else 0.0, _MODEL_ERROR)
-        lower = np.exp(centre - below - widen)
+        low = centre - below
+        if dict(weights).get("spectrum") == 1.0:
+            # the spectrum alone: a floor below the observed losses is not seen
+            # by the prefix, so the band reaches down to the spectrum without it
+            bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
+            low = np.minimum(low, bare + centre - raw)
+        lower = np.exp(low - widen)
         upper = np.exp(centre + above + widen)
     return _result(
         grid, centre, lower, upper, theta, rms, t[-1], until, int(p), chosen, weights
@@ -339,6 +352,8 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
         errors = {names[0]: np.zeros((0, 1))}
     mse = np.array([np.mean(errors[n] ** 2) if errors[n].size else 1.0 for n in names])
     weights = (1 / (mse + 1e-12)) / np.sum(1 / (mse + 1e-12))
+    if np.max(weights) >= _DECISIVE:  # the backtests agree: that one alone
+        weights = (weights == np.max(weights)).astype(float)
     curves = [anchored(every[n], t, ly, use, t[use][-1], horizon, grid) for n in names]
     blend = np.tensordot(weights, np.asarray(curves), 1)
     pairs = tuple((n, round(float(w), 4)) for n, w in zip(names, weights))
