@@ -108,7 +108,9 @@ def baseline_power_law(t, y, until, at):
     rms = np.sqrt(2 * fit.cost / len(ly))
     dof = max(len(ly) - 4, 1)
     cov = np.linalg.pinv(fit.jac.T @ fit.jac) * 2 * fit.cost / dof
-    draws = np.random.default_rng(0).multivariate_normal(fit.x, cov, 200)
+    draws = np.random.default_rng(0).multivariate_normal(
+        fit.x, cov, 200, check_valid="ignore"
+    )
     curves = np.array([curve(th, at) for th in draws])
     lo, hi = np.quantile(curves, [0.05, 0.95], axis=0)
     centre = curve(fit.x, at)
