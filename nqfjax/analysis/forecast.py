@@ -65,13 +65,15 @@ class Forecast(eqx.Module):
     - `loss`: the forecast loss at `ts`, shape `(F,)`: the candidate
       continuations (see `forecast`) averaged in `log L` with `weights`,
       each moved to pass through the last observed value.
-    - `lower`, `upper`: the band, shape `(F,)`: the forecast times and divided
-      by `e^w`, `w` the backtest's error scaled to the horizon (see
-      `forecast`) widened by 2% (the model's own error); for a prefix too
-      short for a backtest, the spectrum's own band (the central `level` of
-      parameter draws and of refits on shortened prefixes, the model moved in
-      time by the modes' scattered initial sizes, down to the model without
-      its floor, widened by twice the rms misfit).
+    - `lower`, `upper`: the band, shape `(F,)`: the forecast divided and
+      multiplied by `e^w`, `w` three times the rms backtest error scaled to
+      the horizon (see `forecast`) plus 2% (the model's own error), at
+      `level = 0.9`; the spectrum alone reaches down to itself without its
+      floor. For a prefix too short for a backtest, the spectrum's own band
+      (the central `level` of parameter draws and of refits on shortened
+      prefixes, the model moved in time by the modes' scattered initial
+      sizes, down to the model without its floor, widened by twice the rms
+      misfit).
     - `switch_on_times`: when the next modes switch on (those after the
       prefix, up to `until`): each one's half-way time
       $\ln(m^*_k/\epsilon - 1)/r_k$, as `switch_on_times` defines it, shape
