@@ -10,8 +10,8 @@ the backtest that chooses among them and sizes the band (numpy only).
 - the flat continuation: the last value kept.
 
 The backtest forecasts the prefix from earlier origins $T_b = T e^{-f X}$ (`X`
-the forecast's horizon in e-folds of `t`, `f` in `BACKTEST_FRACTIONS`, scaled
-down where `f X` would pass `REACH` of the prefix's span) to its end, each
+the forecast's horizon in e-folds of `t`, `f` in `BACKTEST_FRACTIONS`; none
+where `X` passes `REACH` of the prefix's span) to its end, each
 candidate from the data before its origin only, and measures the error of
 $\log L$ at relative horizons $s = \ln(t/T_b) / (f X)$ in `(0, 1]`."""
 
@@ -24,7 +24,8 @@ import numpy as np
 BACKTEST_FRACTIONS = (0.5, 0.35, 0.25)
 #: The relative horizons at which the backtest measures errors.
 HORIZONS = np.linspace(0.05, 1.0, 20)
-#: The longest backtest, as a fraction of the prefix's span in `log t`.
+#: The longest horizon backtested, as a fraction of the prefix's span in
+#: `log t` (a longer one gets no backtest).
 REACH = 0.5
 #: Points a candidate needs before an origin.
 MIN_POINTS = 8
@@ -116,11 +117,12 @@ def backtest(
     log_t = np.log(np.maximum(t, 1e-300))
     errors: dict[str, list] = {name: [] for name in candidates}
     fractions = []
-    # a horizon longer than half the prefix (in log t) is backtested over half
-    # the prefix: the candidates must see most of it to say anything
+    # a horizon longer than half the prefix (in log t) cannot be backtested
+    # inside it: the candidates would see too little of it to say anything,
+    # and a shorter backtest says nothing of the drops a long horizon holds
     span = np.log(t_end / t[use & (t > 0)][0])
-    reach = min(horizon, REACH * span)
-    for f in np.asarray(BACKTEST_FRACTIONS) * reach / horizon:
+    fractions_used = BACKTEST_FRACTIONS if horizon <= REACH * span else ()
+    for f in fractions_used:
         origin = t_end * np.exp(-f * horizon)
         before = use & (t <= origin) & (t > 0)
         if before.sum() < MIN_POINTS:

@@ -226,10 +226,11 @@ def forecast(
     observed value.
 
     **The backtest.** Each candidate also forecasts the prefix itself from
-    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4, scaled down so that
-    `fX` stays within half the prefix's span in $\log t$; those with 8 points
-    before them), fitted to the points before the origin only, and its errors in
-    $\log L$ are measured at the same relative horizons. The forecast is the
+    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
+    before them; none when `X` is longer than half the prefix's span in
+    $\log t$: so long a horizon cannot be tried out inside the prefix),
+    fitted to the points before the origin only, and its errors in $\log L$
+    are measured at the same relative horizons. The forecast is the
     candidates' average in $\log L$ weighted by the inverse of their mean
     squared backtest error (`Forecast.weights`; `Forecast.model` names the
     heaviest, and `model=` forces one; one with 90% of the weight takes all
@@ -239,15 +240,16 @@ def forecast(
     the normal quantile otherwise; the factor chosen on recorded training
     runs, see the how-to on loss curves), plus 2%; for the spectrum alone it
     reaches down to the spectrum without its floor (a floor below the
-    observed losses is not seen by the prefix). A prefix too short for any
-    backtest keeps the spectrum and its own band: the central `level` of the
-    model over `n_draws` parameter draws from the fit's Laplace covariance
-    and of `n_windows` refits on the prefix with its end cut by up to
-    `shrink` of its span in $\log t$, and the model at $t (1 \pm \delta)$,
-    $\delta = 1/\ln(1/\epsilon)$, down to the model without its floor,
-    widened by twice the rms misfit. The spectrum is differentiable in its
-    parameters (closed-form logistic modes and the sharp-switch continuum), so
-    it can be pushed through `jax.grad` by calling the model directly.
+    observed losses is not seen by the prefix). Without a backtest (a prefix
+    too short, or a horizon too long) the spectrum is kept with its own band:
+    the central `level` of the model over `n_draws` parameter draws from the
+    fit's Laplace covariance and of `n_windows` refits on the prefix with its
+    end cut by up to `shrink` of its span in $\log t$, and the model at
+    $t (1 \pm \delta)$, $\delta = 1/\ln(1/\epsilon)$, down to the model
+    without its floor, widened by twice the rms misfit. The spectrum is
+    differentiable in its parameters (closed-form logistic modes and the
+    sharp-switch continuum), so it can be pushed through `jax.grad` by
+    calling the model directly.
 
     **Arguments:**
 
