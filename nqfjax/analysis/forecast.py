@@ -1,7 +1,8 @@
 r"""The rest of a training curve, from its beginning (`forecast`): the power-law
 mode spectrum of `fit_spectrum` with a floor, fitted to the observed prefix and
-continued, with a band from the fit's uncertainty, the times at which the next
-modes switch on, and the level the loss ends at.
+continued, weighed against simpler continuations (`continuations`) by their
+errors on backtests inside the prefix, with a band from those errors, the
+times at which the next modes switch on, and the level the loss ends at.
 
 The model is `SpectrumFit`'s (modes $\lambda_k = k^{-\alpha}$, targets
 $m^*_k = k^{-\beta}$, rates $r_k = \rho\,\lambda_k m^*_k$, all from
@@ -26,12 +27,32 @@ from ._least_squares import (
     nothing_to_fit,
     robust_least_squares,
 )
+from .continuations import (
+    anchored,
+    backtest,
+    backtest_band,
+    flat_curve,
+    power_law_curve,
+    tail_curve,
+)
 from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
 
 
 #: The model's own error in `log L` that the band always allows for: the
 #: continuum of modes beyond `p` is accurate to about 1% (`fit_spectrum`).
 _MODEL_ERROR = 0.02
+
+#: The band at 90% spans this many times the rms backtest error (scaled to the
+#: horizon): chosen on eight recorded training runs (benchmarks/forecast_runs.py)
+#: for a pooled coverage near 90%.
+_BAND_SCALE = 3.0
+
+#: A candidate with this much of the weight takes all of it (the backtests are
+#: decisive: a curve of the model's own kind).
+_DECISIVE = 0.9
+
+#: The continuations `forecast` chooses among (`model="auto"`).
+MODELS = ("spectrum", "tail", "power law", "flat")
 
 
 class Forecast(eqx.Module):
@@ -41,13 +62,18 @@ class Forecast(eqx.Module):
 
     - `ts`: the times of the forecast, shape `(F,)`, log-spaced from the end of
       the observed prefix to `until`.
-    - `loss`: the forecast loss at `ts` (the fitted model), shape `(F,)`.
-    - `lower`, `upper`: the band, shape `(F,)`: the central `level` (default
-      95%) of the models drawn from the fit's covariance and of the fits to
-      shortened prefixes, the model moved in time by one e-fold of each
-      mode's initial size, reaching down to the model without its floor (a
-      floor below the observed losses is not seen), widened by twice the
-      fit's rms misfit in `log L` (at least 2%, the model's own error).
+    - `loss`: the forecast loss at `ts`, shape `(F,)`: the candidate
+      continuations (see `forecast`) averaged in `log L` with `weights`,
+      each moved to pass through the last observed value.
+    - `lower`, `upper`: the band, shape `(F,)`: the forecast divided and
+      multiplied by `e^w`, `w` three times the rms backtest error scaled to
+      the horizon (see `forecast`) plus 2% (the model's own error), at
+      `level = 0.9`; the spectrum alone reaches down to itself without its
+      floor. For a prefix too short for a backtest, the spectrum's own band
+      (the central `level` of parameter draws and of refits on shortened
+      prefixes, the model moved in time by the modes' scattered initial
+      sizes, down to the model without its floor, widened by twice the rms
+      misfit).
     - `switch_on_times`: when the next modes switch on (those after the
       prefix, up to `until`): each one's half-way time
       $\ln(m^*_k/\epsilon - 1)/r_k$, as `switch_on_times` defines it, shape
@@ -62,6 +88,9 @@ class Forecast(eqx.Module):
       `log L` on the prefix.
     - `found`, `reason`: whether there was anything to forecast from (a flat,
       zero or rising prefix has nothing; the numbers are then NaN).
+    - `model`: the continuation with the largest weight (`"spectrum"`,
+      `"tail"`, `"power law"` or `"flat"`, the last value kept); `weights`:
+      each candidate's weight, as `(name, weight)` pairs.
     """
 
     ts: Float[Array, " F"]
@@ -83,6 +112,8 @@ class Forecast(eqx.Module):
     rms: Float[Array, ""]
     found: bool = eqx.field(static=True, default=True)
     reason: str = eqx.field(static=True, default="")
+    model: str = eqx.field(static=True, default="spectrum")
+    weights: tuple = eqx.field(static=True, default=())
 
 
 def _log_model(theta, ts, p: int, n_modes):
@@ -180,23 +211,45 @@ def forecast(
     n_windows: int = 32,
     shrink: float = 0.15,
     key: PRNGKeyArray | None = None,
+    model: str = "auto",
 ) -> Forecast:
     r"""Forecast a training curve from its beginning.
 
     Fits the power-law mode spectrum with a floor (see the module notes) to the
     observed `(ts, loss)` by least squares in $\log L$ (`fit_spectrum`'s
     starts, each with a few floors, Adam and `optimistix.LevenbergMarquardt`),
-    and continues it to `until`. The band (see the how-to on loss curves) joins
+    and weighs its continuation to `until` against simpler ones: a power law
+    with a floor fitted to the prefix's last stretch (as many e-folds of `t` as
+    the horizon `X = ln(until / ts[-1])`; a settled tail), a power law with a
+    shift and a floor fitted to the later half of the prefix in $\log t$, and
+    the last value kept. Each candidate is moved to pass through the last
+    observed value.
+
+    **The backtest.** Each candidate also forecasts the prefix itself from
+    earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
+    before them; none when `X` is longer than half the prefix's span in
+    $\log t$: so long a horizon cannot be tried out inside the prefix),
+    fitted to the points before the origin only, and its errors in $\log L$
+    are measured at the same relative horizons. The forecast is the
+    candidates' average in $\log L$ weighted by the inverse of their mean
+    squared backtest error (`Forecast.weights`; `Forecast.model` names the
+    heaviest, and `model=` forces one; one with 90% of the weight takes all
+    of it: the backtests are decisive). The band is that average's rms
+    backtest error over the origins at each relative horizon, scaled to the
+    full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
+    the normal quantile otherwise; the factor chosen on recorded training
+    runs, see the how-to on loss curves), plus 2%; for the spectrum alone it
+    reaches down to the spectrum without its floor (a floor below the
+    observed losses is not seen by the prefix). Without a backtest (a prefix
+    too short, or a horizon too long) the spectrum is kept with its own band:
     the central `level` of the model over `n_draws` parameter draws from the
-    fit's Laplace covariance (the noise) and of `n_windows` refits on the
-    prefix with its end cut by up to `shrink` of its span in $\log t$ (the
-    window), and the model at $t (1 \pm \delta)$, $\delta = 1/\ln(1/\epsilon)$
-    (the modes' scattered initial sizes); it reaches down to the model without
-    its floor and is widened by twice the rms misfit in $\log L$ and at least
-    2% (the model's own error). The
-    model is differentiable in its parameters (closed-form logistic modes and
-    the sharp-switch continuum), so the forecast can be pushed through
-    `jax.grad` by calling the model directly.
+    fit's Laplace covariance and of `n_windows` refits on the prefix with its
+    end cut by up to `shrink` of its span in $\log t$, and the model at
+    $t (1 \pm \delta)$, $\delta = 1/\ln(1/\epsilon)$, down to the model
+    without its floor, widened by twice the rms misfit. The spectrum is
+    differentiable in its parameters (closed-form logistic modes and the
+    sharp-switch continuum), so it can be pushed through `jax.grad` by
+    calling the model directly.
 
     **Arguments:**
 
@@ -210,17 +263,21 @@ def forecast(
     - `n_windows`, `shrink`: refits on shortened prefixes for the band, and
       the largest fraction of the prefix's span in $\log t$ cut from its end.
     - `key`: PRNG key for the draws (default `key(0)`).
+    - `model`: `"auto"` (default: the backtest-weighted average) or one
+      candidate: `"spectrum"`, `"tail"`, `"power law"` or `"flat"`.
 
     **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
     for a prefix that is zero, flat or rising).
 
     **Raises:** `ValueError` for a malformed curve, `until <= ts[-1]`, fewer than
-    8 positive points, or bad options.
+    8 positive points, or bad options (an unknown `model` among them).
     """
     t, y = host_curve(ts, loss)
     until, n_modes = _check_forecast_options(
         t, until, p, n_modes, n_points, level, n_windows, shrink
     )
+    if model != "auto" and model not in MODELS:
+        raise ValueError(f"`model` must be 'auto' or one of {MODELS}, got {model!r}.")
     grid = np.geomspace(
         max(t[-1], t[t > 0][0] if np.any(t > 0) else 1.0), until, n_points
     )
@@ -235,28 +292,96 @@ def forecast(
     theta, cov, rms = _fit_prefix(t, y, ly, use, int(p), n_modes, int(steps), dtype)
     key = jax.random.key(0) if key is None else key
     at = jnp.asarray(grid, dtype)
-    centre = np.asarray(_log_model(theta, at, int(p), n_modes))
-    lower, upper = _band(
-        theta,
-        cov,
-        rms,
-        centre,
-        t,
-        ly,
-        use,
-        at,
-        int(p),
-        n_modes,
-        level,
-        int(n_draws),
-        int(n_windows),
-        float(shrink),
-        key,
+    raw = centre = np.asarray(_log_model(theta, at, int(p), n_modes))
+    fit = (int(p), n_modes, int(steps), dtype, theta)
+    weights, centre, below, above = _backtested(
+        t, y, ly, use, until, grid, centre, fit, model, level
     )
-    return _result(grid, centre, lower, upper, theta, rms, t[-1], until, int(p))
+    chosen = max(weights, key=lambda pair: pair[1])[0]
+    if below is None and chosen != "spectrum":
+        below = above = np.zeros(grid.shape)
+    if below is None:  # no backtest: the fit's own band
+        lower, upper = _band(
+            theta,
+            cov,
+            rms,
+            centre,
+            t,
+            ly,
+            use,
+            at,
+            int(p),
+            n_modes,
+            level,
+            int(n_draws),
+            int(n_windows),
+            float(shrink),
+            key,
+        )
+    else:
+        widen = max(float(rms) if chosen == "spectrum" else 0.0, _MODEL_ERROR)
+        low = centre - below
+        if dict(weights).get("spectrum") == 1.0:
+            # the spectrum alone: a floor below the observed losses is not seen
+            # by the prefix, so the band reaches down to the spectrum without it
+            bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
+            low = np.minimum(low, bare + centre - raw)
+        lower = np.exp(low - widen)
+        upper = np.exp(centre + above + widen)
+    return _result(
+        grid, centre, lower, upper, theta, rms, t[-1], until, int(p), chosen, weights
+    )
 
 
-def _result(grid, centre, lower, upper, theta, rms, last, until, p) -> Forecast:
+def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
+    """The continuation: `model`, or with `"auto"` the average of the candidates
+    weighted by their inverse mean squared backtest error, and its band's
+    half-widths in `log L` from its backtest errors: `(weights, centre, below,
+    above)` (`below = above = None` where the prefix is too short for a
+    backtest and the spectrum is kept)."""
+    p, n_modes, steps, dtype, fitted = fit
+
+    def spectrum(t, ly, before, origin, horizon, at):
+        theta = fitted
+        if before.sum() < use.sum():  # a backtest: refitted from scratch
+            theta, _, _ = _fit_prefix(t, y, ly, before, p, n_modes, steps, dtype)
+        return np.asarray(_log_model_at(theta, jnp.asarray(at, dtype), p, n_modes))
+
+    every = dict(zip(MODELS, (spectrum, tail_curve, power_law_curve, flat_curve)))
+    names = MODELS if model == "auto" else (model,)
+    horizon = float(np.log(until / t[use][-1]))
+    errors, fractions = backtest(t, ly, use, horizon, {n: every[n] for n in names})
+    if fractions.size == 0:
+        names = ("spectrum",) if model == "auto" else names
+        errors = {names[0]: np.zeros((0, 1))}
+    mse = np.array([np.mean(errors[n] ** 2) if errors[n].size else 1.0 for n in names])
+    weights = (1 / (mse + 1e-12)) / np.sum(1 / (mse + 1e-12))
+    if np.max(weights) >= _DECISIVE:  # the backtests agree: that one alone
+        weights = (weights == np.max(weights)).astype(float)
+    curves = [anchored(every[n], t, ly, use, t[use][-1], horizon, grid) for n in names]
+    blend = np.tensordot(weights, np.asarray(curves), 1)
+    pairs = tuple((n, round(float(w), 4)) for n, w in zip(names, weights))
+    if fractions.size == 0:
+        return pairs, blend, None, None
+    s = np.log(grid / t[use][-1]) / horizon
+    err = np.tensordot(weights, np.asarray([errors[n] for n in names]), 1)
+    half = backtest_band(err, fractions, s, _band_z(level))
+    return pairs, blend, half, half
+
+
+def _band_z(level: float) -> float:
+    """How many times the largest scaled backtest error the band spans:
+    `_BAND_SCALE` at 90%, in proportion to the normal quantile of `level`
+    otherwise."""
+    from statistics import NormalDist
+
+    normal = NormalDist()
+    return _BAND_SCALE * normal.inv_cdf((1 + level) / 2) / normal.inv_cdf(0.95)
+
+
+def _result(
+    grid, centre, lower, upper, theta, rms, last, until, p, model, weights
+) -> Forecast:
     """The `Forecast` of the fitted `theta`: its `centre` (log loss) and band on
     `grid`, and the modes switching on between `last` and `until`."""
     times, modes = _switch_ons(np.asarray(theta), last, until, p)
@@ -280,6 +405,8 @@ def _result(grid, centre, lower, upper, theta, rms, last, until, p) -> Forecast:
         amplitude=jnp.exp(theta[4]),
         observed_until=float(last),
         rms=rms,
+        model=model,
+        weights=weights,
     )
 
 
