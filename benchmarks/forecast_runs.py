@@ -39,6 +39,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import nqfjax  # noqa: E402
+from nqfjax.experiments import read_curve_csv  # noqa: E402
 
 
 RUNS = os.path.join(
@@ -50,12 +51,17 @@ METHODS = ("forecast", "last", "power law")
 
 def load_run(name: str) -> tuple[np.ndarray, np.ndarray]:
     """`(steps, loss)` of a recorded run."""
-    data = np.loadtxt(os.path.join(RUNS, f"{name}.csv"), delimiter=",")
-    return data[:, 0], data[:, 1]
+    curve = read_curve_csv(os.path.join(RUNS, f"{name}.csv"))
+    return curve.ts, curve.loss
 
 
 def run_names() -> list[str]:
-    return sorted(f[:-4] for f in os.listdir(RUNS) if f.endswith(".csv"))
+    """The runs `record_runs.py` records (the folder also holds the staircase
+    runs of `examples/runs/record.py`, which sit on their last plateau from
+    30% of their steps on)."""
+    from record_runs import RUNS as RECORDED
+
+    return sorted(RECORDED)
 
 
 def interval_score(lower, upper, truth, level: float = LEVEL) -> float:

@@ -123,8 +123,10 @@ def main(names):
     for name in names or RUNS:
         steps, loss = record(name)
         path = os.path.join(OUT, f"{name}.csv")
+        # the comment line, then the column names as `nqfjax fit` reads them
         header = (
-            f"{name}: {RUNS[name]} (data set, optimizer, rate, steps, scale)\nstep,loss"
+            f"# {name}: {RUNS[name]} (data set, optimizer, rate, steps, scale)"
+            "\nstep,loss"
         )
         np.savetxt(
             path,
@@ -132,6 +134,7 @@ def main(names):
             fmt=["%d", "%.10g"],
             delimiter=",",
             header=header,
+            comments="",
         )
         print(f"{name}: {len(steps)} records, loss {loss[0]:.3g} -> {loss[-1]:.3g}")
 
