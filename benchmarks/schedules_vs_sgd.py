@@ -24,8 +24,8 @@ samples every step, a run diverged once its loss exceeds 1e4 max(L_0, L(0)).
 `--quick`: one setting, batch 16, fewer seeds and iterations; `--minibatch
 gaussian`: the criterion's paths with the Gaussian minibatch gradient (the
 default is real sampled minibatches). The measured tables, and what they
-mean (the designs of tasks A and C lose 8% and 12% of their seeds), are in
-benchmarks/README.md.
+mean (the designs of tasks A and C lose 8% and 12% of their seeds; with
+`optimize_schedule`'s fresh-path check, 8% and 6%), are in benchmarks/README.md.
 """
 
 import argparse

@@ -221,6 +221,7 @@ def optimize_schedule(
     num_iterations: int = 150,
     batch_sizes: Float[ArrayLike, " T"] | None = None,
     criterion: Criterion | None = None,
+    check_paths: int | None = None,
     **model,
 ) -> Schedule:
     r"""The learning-rate and batch-size schedules that minimise the predicted
@@ -237,6 +238,14 @@ def optimize_schedule(
     `optax.adam(0.1)`) for `num_iterations` steps, skipping non-finite updates,
     and returns the best schedule seen.
 
+    With `TypicalLoss`, the design is then checked on fresh paths: the
+    optimiser sits at the divergence edge of the paths it saw (their noise,
+    not the model's), so its diverged fraction $f$ is measured again on
+    `check_paths` paths of another key (`fold_in(key, 1)`); if
+    $f > $ `max_diverged`, the learning rates are backed off,
+    $\eta_t \to s\,\eta_t$ with the largest $s \le 1$ (bisection in
+    $\log s$, resolution 1%) at which the fresh $f \le$ `max_diverged`.
+
     **Arguments:**
 
     - `task`, `m0`, `**model`: as for `sgd_moments`.
@@ -251,6 +260,8 @@ def optimize_schedule(
     - `batch_sizes`: shape `(T,)`: keep these batch sizes and optimise the
       learning rates only (e.g. to polish the learning rates of a schedule whose
       batch sizes were rounded by `piecewise_constant`).
+    - `check_paths`: paths of the fresh-key check (`TypicalLoss` only;
+      default `4 * criterion.paths`; 0: no check, no back-off).
 
     **Returns:** the optimised `Schedule` (named `"optimised"`).
 
@@ -303,9 +314,49 @@ def optimize_schedule(
         updates, state = opt.update(grad, state, theta)
         theta = optax.apply_updates(theta, updates)
     eta, b = unpack(best_theta)
+    if isinstance(crit, TypicalLoss):
+        eta = _back_off(crit, check_paths, task, eta, b, m0, model)
     return evaluate_schedule(
         task, eta, b, m0, name="optimised", criterion=crit, **model
     )
+
+
+def _back_off(crit, check_paths, task, eta, b, m0, model):
+    """`eta` scaled down by the largest `s <= 1` at which at most
+    `crit.max_diverged` of `check_paths` fresh paths (key `fold_in(key, 1)`)
+    diverge: bracket by factors 0.8, then 5 bisection steps in `log s`."""
+    n = 4 * crit.paths if check_paths is None else int(check_paths)
+    if n < 0:
+        raise ValueError(f"`check_paths` must be >= 0, got {check_paths}.")
+    if n == 0:
+        return eta
+    key = jr.key(0) if crit.key is None else crit.key
+    fresh = TypicalLoss(
+        paths=n,
+        key=jr.fold_in(key, 1),
+        max_diverged=crit.max_diverged,
+        minibatch=crit.minibatch,
+        max_samples=crit.max_samples,
+    )
+
+    def ok(scale):
+        _, _, frac = fresh.curve(task, scale * eta, b, m0, model)
+        return float(frac) <= crit.max_diverged
+
+    if ok(1.0):
+        return eta
+    hi, lo = 1.0, 0.8
+    while not ok(lo):
+        hi, lo = lo, 0.8 * lo
+        if lo < 1e-3:
+            raise ValueError(
+                "`optimize_schedule`: no scale of the design's learning rates "
+                "keeps the fresh paths within `max_diverged`."
+            )
+    for _ in range(5):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo * eta
 
 
 def piecewise_constant(
