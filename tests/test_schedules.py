@@ -130,6 +130,11 @@ def test_bad_input(setting):
     task = setting["task"]
     with pytest.raises(ValueError, match="budget"):
         nqfjax.optimize_schedule(task, 10, M0, num_steps=T, max_learning_rate=0.1)
+    for bad in (-1, 2.5):  # named eagerly, before any optimisation
+        with pytest.raises(ValueError, match="check_paths"):
+            nqfjax.optimize_schedule(
+                task, BUDGET, M0, num_steps=T, max_learning_rate=0.1, check_paths=bad
+            )
     with pytest.raises(ValueError, match="max_learning_rate"):
         nqfjax.standard_schedules(task, BUDGET, M0, num_steps=T, max_learning_rate=0)
     with pytest.raises(ValueError, match="num_segments"):

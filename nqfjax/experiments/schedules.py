@@ -271,6 +271,8 @@ def optimize_schedule(
     T = static_int("num_steps", num_steps, 1)
     K = static_int("num_knots", num_knots, 2)
     crit = check_criterion(criterion)
+    if check_paths is not None:
+        static_int("check_paths", check_paths, 0)
     if budget < T:
         raise ValueError(f"`budget` ({budget}) must be >= num_steps ({T}).")
     if not max_learning_rate > 0:
@@ -326,8 +328,6 @@ def _back_off(crit, check_paths, task, eta, b, m0, model):
     `crit.max_diverged` of `check_paths` fresh paths (key `fold_in(key, 1)`)
     diverge: bracket by factors 0.8, then 5 bisection steps in `log s`."""
     n = 4 * crit.paths if check_paths is None else int(check_paths)
-    if n < 0:
-        raise ValueError(f"`check_paths` must be >= 0, got {check_paths}.")
     if n == 0:
         return eta
     key = jr.key(0) if crit.key is None else crit.key
