@@ -294,13 +294,13 @@ def forecast(
     at = jnp.asarray(grid, dtype)
     raw = centre = np.asarray(_log_model(theta, at, int(p), n_modes))
     fit = (int(p), n_modes, int(steps), dtype, theta)
-    weights, centre, below, above = _backtested(
+    weights, centre, half = _backtested(
         t, y, ly, use, until, grid, centre, fit, model, level
     )
     chosen = max(weights, key=lambda pair: pair[1])[0]
-    if below is None and chosen != "spectrum":
-        below = above = np.zeros(grid.shape)
-    if below is None:  # no backtest: the fit's own band
+    if half is None and chosen != "spectrum":
+        half = np.zeros(grid.shape)
+    if half is None:  # no backtest: the fit's own band
         lower, upper = _band(
             theta,
             cov,
@@ -320,14 +320,12 @@ def forecast(
         )
     else:
         widen = max(float(rms) if chosen == "spectrum" else 0.0, _MODEL_ERROR)
-        low = centre - below
+        low = centre - half
         if dict(weights).get("spectrum") == 1.0:
-            # the spectrum alone: a floor below the observed losses is not seen
-            # by the prefix, so the band reaches down to the spectrum without it
-            bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, int(p), n_modes))
-            low = np.minimum(low, bare + centre - raw)
+            # the spectrum alone: down to itself without its floor
+            low = np.minimum(low, _bare(theta, at, int(p), n_modes) + centre - raw)
         lower = np.exp(low - widen)
-        upper = np.exp(centre + above + widen)
+        upper = np.exp(centre + half + widen)
     return _result(
         grid, centre, lower, upper, theta, rms, t[-1], until, int(p), chosen, weights
     )
@@ -336,8 +334,8 @@ def forecast(
 def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
     """The continuation: `model`, or with `"auto"` the average of the candidates
     weighted by their inverse mean squared backtest error, and its band's
-    half-widths in `log L` from its backtest errors: `(weights, centre, below,
-    above)` (`below = above = None` where the prefix is too short for a
+    half-width in `log L` from its backtest errors (symmetric): `(weights,
+    centre, half)` (`half = None` where the prefix is too short for a
     backtest and the spectrum is kept)."""
     p, n_modes, steps, dtype, fitted = fit
 
@@ -362,15 +360,14 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
     blend = np.tensordot(weights, np.asarray(curves), 1)
     pairs = tuple((n, round(float(w), 4)) for n, w in zip(names, weights))
     if fractions.size == 0:
-        return pairs, blend, None, None
+        return pairs, blend, None
     s = np.log(grid / t[use][-1]) / horizon
     err = np.tensordot(weights, np.asarray([errors[n] for n in names]), 1)
-    half = backtest_band(err, fractions, s, _band_z(level))
-    return pairs, blend, half, half
+    return pairs, blend, backtest_band(err, fractions, s, _band_z(level))
 
 
 def _band_z(level: float) -> float:
-    """How many times the largest scaled backtest error the band spans:
+    """How many times the rms scaled backtest error the band spans:
     `_BAND_SCALE` at 90%, in proportion to the normal quantile of `level`
     otherwise."""
     from statistics import NormalDist
@@ -501,13 +498,18 @@ def _band(
     for factor in (1 - delta, 1 + delta):
         moved = np.asarray(_log_model_at(theta, at * factor, p, n_modes))
         lo, hi = np.fmin(lo, moved), np.fmax(hi, moved)
-    # a floor below the observed losses is not seen by the prefix: the band
-    # reaches down to the spectrum without it
-    bare = np.asarray(_log_model(theta.at[5].set(-np.inf), at, p, n_modes))
+    bare = _bare(theta, at, p, n_modes)
     widen = max(2 * float(rms), _MODEL_ERROR)
     lower = np.exp(np.minimum(np.minimum(lo, centre), bare) - widen)
     upper = np.exp(np.maximum(hi, centre) + widen)
     return lower, upper
+
+
+def _bare(theta, at, p, n_modes):
+    """`log L` at `at` of the spectrum without its floor: a floor below the
+    observed losses is not seen by the prefix, so a band of the spectrum
+    reaches down to it."""
+    return np.asarray(_log_model(theta.at[5].set(-np.inf), at, p, n_modes))
 
 
 def _nothing(grid, last, reason, dtype) -> Forecast:
