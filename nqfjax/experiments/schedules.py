@@ -24,6 +24,8 @@ covariance commutes with its teacher (or on sign-symmetric `samples` of one);
 any other task is refused with a `ValueError` naming `task`.
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -331,13 +333,8 @@ def _back_off(crit, check_paths, task, eta, b, m0, model):
     if n == 0:
         return eta
     key = jr.key(0) if crit.key is None else crit.key
-    fresh = TypicalLoss(
-        paths=n,
-        key=jr.fold_in(key, 1),
-        max_diverged=crit.max_diverged,
-        minibatch=crit.minibatch,
-        max_samples=crit.max_samples,
-    )
+    # the user's criterion, every other field kept, on other paths
+    fresh = dataclasses.replace(crit, paths=n, key=jr.fold_in(key, 1))
 
     def ok(scale):
         _, _, frac = fresh.curve(task, scale * eta, b, m0, model)
