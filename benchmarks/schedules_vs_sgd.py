@@ -191,6 +191,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         m0,
         num_steps=T,
         max_learning_rate=eta_max,
+        num_peaks=args.peaks,
         criterion=design,
         **model,
     )
@@ -213,9 +214,29 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         init=best,
         num_iterations=args.iterations,
         criterion=designer,
+        check_paths=0,
         **model,
     )
+    # the fresh-path check on the schedule that is run, its batches rounded
+    # to integers (the relaxed batches' paths diverge less than the rounded
+    # ones': C's design, 4.5% against 5.1% of 4096 paths): the learning rates
+    # kept (one knot per step, no iteration), backed off until the check passes
     b_int = integer_batches(opt.batch_sizes)
+    opt = nqfjax.optimize_schedule(
+        task,
+        budget,
+        m0,
+        num_steps=T,
+        max_learning_rate=eta_max,
+        init=nqfjax.Schedule(opt.learning_rates, b_int, opt.predicted_loss, 0.0),
+        num_knots=T,
+        num_iterations=0,
+        batch_sizes=b_int,
+        criterion=designer,
+        check_paths=args.check_paths,
+        check_confidence=args.check_confidence,
+        **model,
+    )
     designed = nqfjax.evaluate_schedule(
         task, opt.learning_rates, b_int, m0, name="designed", criterion=judge, **model
     )
@@ -255,18 +276,27 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     # the standard shapes tuned in real SGD (seeds keys, measured on keys2)
     peaks = np.geomspace(eta_max / 20, eta_max, args.peaks)
     b_const = np.full(T, float(batch))
-    real_tuned = {}
+    real_tuned, predicted_real_tuned = {}, {}
     for shape_name, shape in standard_shapes(T).items():
         scores = [
             typical(*run_real(cfg, p * np.asarray(shape), b_const, keys), 0.05)[0]
             for p in peaks
         ]
-        p = peaks[int(np.argmin(scores))]
-        final, bad = run_real(cfg, p * np.asarray(shape), b_const, keys2)
-        real_tuned[shape_name] = typical(final, bad)
+        # the best peak on the tuning seeds; stepped down the grid while the
+        # measuring seeds break the 5% rule (the tuning's own winner's curse),
+        # so that no shape drops out by chance
+        i = int(np.argmin(scores))
+        while True:
+            p = peaks[i]
+            final, bad = run_real(cfg, p * np.asarray(shape), b_const, keys2)
+            real_tuned[shape_name] = typical(final, bad)
+            if real_tuned[shape_name][1] <= 0.05 or i == 0:
+                break
+            i -= 1
         pred = nqfjax.evaluate_schedule(
             task, p * shape, b_const, m0, criterion=judge, **model
         )
+        predicted_real_tuned[shape_name] = float(pred.predicted_loss[-1])
         rows_sched.append(
             (
                 name,
@@ -283,11 +313,24 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     # on the measuring seeds: a baseline that diverges more often is not one a
     # user would pick; the judge's `final_loss` is inf past 5%)
     best_model = min(float(x.final_loss) for x in judged[:4])
-    allowed = [v[0] for v in real_tuned.values() if v[1] <= 0.05]
-    best_real = min(allowed) if allowed else np.inf
-    gain_pred = 1 - float(designed.predicted_loss[-1]) / best_model
+    allowed = {k: v for k, v in real_tuned.items() if v[1] <= 0.05}
+    best_name = min(allowed, key=lambda k: allowed[k][0]) if allowed else None
+    best_real = allowed[best_name][0] if allowed else np.inf
+    pred_design = float(designed.predicted_loss[-1])
+    gain_pred = 1 - pred_design / best_model
+    # the same baseline (the best shape tuned in real SGD) as the judge predicts it
+    gain_pred_same = 1 - pred_design / predicted_real_tuned.get(best_name, np.inf)
     gain_real = 1 - measured["designed"][0] / best_real
-    rows_gain.append((name, gain_pred, gain_real, gain_real / gain_pred - 1))
+    rows_gain.append(
+        (
+            name,
+            gain_pred,
+            gain_pred_same,
+            gain_real,
+            best_name,
+            measured["designed"][1],
+        )
+    )
 
 
 def main():
@@ -298,16 +341,19 @@ def main():
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--bisect", type=int, default=7)
     parser.add_argument("--peaks", type=int, default=12)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16, 64])
     parser.add_argument("--settings", type=str, nargs="+", default=["A", "B", "C"])
     parser.add_argument(
         "--minibatch", choices=["sampled", "gaussian"], default="sampled"
     )
     parser.add_argument("--design-max-diverged", type=float, default=0.05)
+    parser.add_argument("--check-paths", type=int, default=2048)
+    parser.add_argument("--check-confidence", type=float, default=0.95)
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.paths, args.iterations = 16, 32, 5
         args.bisect, args.peaks, args.batches, args.settings = 3, 4, [16], ["B"]
+        args.check_paths = 256
     rows_edge, rows_sched, rows_gain = [], [], []
     start = time.perf_counter()
     for name, cfg in SETTINGS.items():
@@ -334,10 +380,17 @@ def main():
             f"| {r[0]} | {r[1]} | {r[2]:.4f} | {r[3]:.5f} | {r[4]:.2f} "
             f"| {r[5]:.5f} | {r[6]:.2f} | {err:+.1%} |"
         )
-    print("\n| setting | predicted gain | measured gain | error |")
-    print("| --- | --- | --- | --- |")
+    print(
+        "\n| setting | design's seeds diverged | gain predicted (vs tuned on "
+        "the criterion) | gain predicted (vs tuned in real SGD) | gain measured "
+        "(vs tuned in real SGD) | measured / predicted |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in rows_gain:
-        print(f"| {r[0]} | {r[1]:.1%} | {r[2]:.1%} | {r[3]:+.0%} |")
+        print(
+            f"| {r[0]} | {r[5]:.1%} | {r[1]:.1%} | {r[2]:.1%} ({r[4]}) "
+            f"| {r[3]:.1%} | {r[3] / r[1]:.2f}, {r[3] / r[2]:.2f} |"
+        )
     print(
         f"\n{args.seeds} seeds, {args.paths} paths; {time.perf_counter() - start:.0f} s"
     )

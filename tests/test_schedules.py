@@ -230,6 +230,33 @@ def test_typical_criterion_bad_input():
         nqfjax.stability_edge(
             task, 4.0, M0, num_steps=5, learning_rate_bounds=(2e-3, 1e-3)
         )
+    kw = dict(num_steps=5, max_learning_rate=0.1)
+    for bad in (0.3, 1.0):  # named eagerly, before any optimisation
+        with pytest.raises(ValueError, match="check_confidence"):
+            nqfjax.optimize_schedule(task, 20, M0, check_confidence=bad, **kw)
+    # 32 paths cannot show p <= 5% at 95%: even 0 of 32 has probability
+    # 0.95^32 = 0.19 > 0.05 at p = 5%
+    with pytest.raises(ValueError, match="check_paths.*too few"):
+        nqfjax.optimize_schedule(task, 20, M0, check_paths=32, **kw)
+
+
+def test_fresh_path_check_is_the_clopper_pearson_bound():
+    # the most diverged paths the check lets pass, against scipy's one-sided
+    # Clopper-Pearson upper bound (a beta quantile): the bound at k is <= the
+    # cap and the bound at k + 1 is above it
+    from scipy.stats import beta
+
+    from nqfjax.experiments.schedules import _allowed_count
+
+    for n, cap, conf in itertools.product(
+        (60, 128, 512, 1024, 4096), (0.01, 0.05, 0.2), (0.5, 0.9, 0.95, 0.99)
+    ):
+        k = _allowed_count(n, cap, conf)
+        if k >= 0:
+            assert beta.ppf(conf, k + 1, n - k) <= cap, (n, cap, conf, k)
+        assert beta.ppf(conf, k + 2, n - k - 1) > cap, (n, cap, conf, k)
+    assert _allowed_count(512, 0.05, 0.95) == 17  # the docstring's example
+    assert _allowed_count(100, 0.0, 0.95) == 0  # max_diverged = 0: none
 
 
 def _online_sgd(eta, b, keys, steps=T):
