@@ -455,10 +455,13 @@ def test_sampled_paths_gradient_in_batch_sizes_matches_finite_differences():
 def test_design_keeps_within_the_divergence_cap_on_fresh_paths():
     # a design on 64 paths of one key sits at the divergence edge of those
     # paths; the fresh-key check (256 paths of another key) backs its learning
-    # rates off until at most 5% of those diverge. Judged on 1024 paths of a
-    # third key (a fraction's standard error ~0.7% there): within the cap, up
-    # to that error (0.05 + 0.015). Measured: 4.5% with the check, 11.8%
-    # without it (`check_paths=0`).
+    # rates off until at most 6 of those diverge (the exact binomial test:
+    # then p <= 5% at 95% confidence). Judged on 1024 paths of a third key
+    # (a fraction's standard error ~0.6% at 4%): within the cap, and the
+    # unchecked design above it by more than twice that error. Measured
+    # (2026-12-04): 3.8% with the check, 9.0% without it (`check_paths=0`),
+    # 5.9% with the check at `check_confidence=0.5` (about the plain
+    # fraction's test, k/n <= 5%: it stops where the fresh paths sit at 5%).
     kw = dict(noise_variance=SIGMA2)
     design = nqfjax.TypicalLoss(paths=64, key=jax.random.key(0))
     judge = nqfjax.TypicalLoss(paths=1024, key=jax.random.key(9))
@@ -473,5 +476,5 @@ def test_design_keeps_within_the_divergence_cap_on_fresh_paths():
             _task(), x.learning_rates, x.batch_sizes, M0, criterion=judge, **kw
         )
         fracs[check] = float(y.diverged_fraction)
-    assert fracs[0] > 0.05 + 0.015, fracs  # the unchecked design overshoots
-    assert fracs[None] <= 0.05 + 0.015, fracs
+    assert fracs[0] > 0.05 + 0.012, fracs  # the unchecked design overshoots
+    assert fracs[None] <= 0.05, fracs
