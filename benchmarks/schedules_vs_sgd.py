@@ -244,6 +244,12 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     designed = nqfjax.evaluate_schedule(
         task, opt.learning_rates, b_int, m0, name="designed", criterion=judge, **model
     )
+    if args.save_designs:
+        np.savez(
+            f"{args.save_designs}_{name[0]}.npz",
+            learning_rates=np.asarray(opt.learning_rates),
+            batch_sizes=b_int,
+        )
     judged = [
         nqfjax.evaluate_schedule(
             task,
@@ -353,6 +359,9 @@ def main():
     parser.add_argument("--design-max-diverged", type=float, default=0.05)
     parser.add_argument("--check-paths", type=int, default=2048)
     parser.add_argument("--check-confidence", type=float, default=0.95)
+    parser.add_argument(
+        "--save-designs", type=str, default="", help="save each design to PREFIX_X.npz"
+    )
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.paths, args.iterations = 16, 32, 5
