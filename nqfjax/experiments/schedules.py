@@ -256,7 +256,12 @@ def optimize_schedule(
     passes. A check of the plain fraction ($k/n \le p_0$) stops where the
     fresh paths sit at $p_0$ by chance, above it as often as not: a design
     checked so on 512 paths lost 5.4% of 4096 other paths and 5.8% of 4096
-    seeds of real SGD (`benchmarks/schedules_vs_sgd.py`, task A).
+    seeds of real SGD (`benchmarks/schedules_vs_sgd.py`, task A). The check
+    runs on the batch sizes optimised (real numbers) or given: check a
+    rounded schedule as rounded, with `batch_sizes=` its batches,
+    `num_knots=num_steps` and `num_iterations=0` (its rates kept, then backed
+    off); relaxed batches between two integers diverge less than the rounded
+    ones that are run (5.9% against 7.5% of 4096 paths, task C).
 
     **Arguments:**
 
