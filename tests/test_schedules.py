@@ -478,3 +478,26 @@ def test_design_keeps_within_the_divergence_cap_on_fresh_paths():
         fracs[check] = float(y.diverged_fraction)
     assert fracs[0] > 0.05 + 0.012, fracs  # the unchecked design overshoots
     assert fracs[None] <= 0.05, fracs
+    # checked again as run (the how-to's step 4): integer batches (the
+    # cumulative sum rounded), the rates kept exactly (one knot per step, no
+    # iteration) up to one back-off scale, and within the cap on the judge's
+    # paths as rounded
+    c = np.rint(np.cumsum(np.asarray(x.batch_sizes)))
+    b_int = np.maximum(np.diff(np.concatenate([[0.0], c])), 1.0)
+    init = nqfjax.Schedule(x.learning_rates, jnp.asarray(b_int), x.predicted_loss, 0.0)
+    z = nqfjax.optimize_schedule(
+        *args,
+        criterion=design,
+        init=init,
+        batch_sizes=b_int,
+        num_knots=T,
+        **{**opt, "num_iterations": 0},
+        **kw,
+    )
+    scale = np.asarray(z.learning_rates) / np.asarray(x.learning_rates)
+    np.testing.assert_allclose(scale, scale[0], rtol=1e-9)
+    assert 0 < scale[0] <= 1
+    y = nqfjax.evaluate_schedule(
+        _task(), z.learning_rates, b_int, M0, criterion=judge, **kw
+    )
+    assert float(y.diverged_fraction) <= 0.05, float(y.diverged_fraction)
