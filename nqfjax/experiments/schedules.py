@@ -25,7 +25,6 @@ any other task is refused with a `ValueError` naming `task`.
 """
 
 import dataclasses
-import math
 
 import equinox as eqx
 import jax
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+from jax.scipy.stats import binom
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import static_int
@@ -358,18 +358,13 @@ def optimize_schedule(
 def _allowed_count(n: int, cap: float, confidence: float) -> int:
     """The most diverged paths of `n` that show a divergence probability
     `<= cap` at `confidence`: the largest `k` with
-    `P[Bin(n, cap) <= k] <= 1 - confidence` (the pmf summed in logs);
-    -1 if not even `k = 0` does; 0 for `cap = 0`."""
+    `P[Bin(n, cap) <= k] <= 1 - confidence` (`jax.scipy.stats.binom`, in
+    float64 on the host); -1 if not even `k = 0` does; 0 for `cap = 0`."""
     if cap == 0 or n == 0:
         return 0
-    j = np.arange(n + 1)
-    log_pmf = (
-        math.lgamma(n + 1)
-        - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1) for i in j])
-        + j * math.log(cap)
-        + (n - j) * math.log1p(-cap)
-    )
-    cdf = np.cumsum(np.exp(log_pmf))
+    with jax.enable_x64(True):
+        log_pmf = binom.logpmf(jnp.arange(n + 1.0), float(n), float(cap))
+        cdf = np.cumsum(np.exp(np.asarray(log_pmf, np.float64)))
     return int(np.searchsorted(cdf, 1 - confidence, side="right")) - 1
 
 
