@@ -13,7 +13,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
-from .staircase import Staircase, StaircasePlateaus, fit_staircase, read_plateaus
+from .stair_reading import StaircasePlateaus, read_plateaus
+from .staircase import Staircase, fit_staircase
 from .window import window_after_staircase
 
 
