@@ -140,6 +140,12 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
         se = 1.2533 * sigma * np.sqrt(1 / max(before, 1) + 1 / max(after, 1))
         if fall < -np.log1p(-min_drop):
             continue
+        if min(before, after) < 3:  # a level seen on fewer samples than a plateau
+            notes.append(
+                f"a drop of {fall:.2g} in log L at t = {np.exp(lo):.3g} has "
+                f"{min(before, after)} samples on one side (not counted)"
+            )
+            continue
         if fall < 4 * se:
             notes.append(
                 f"a drop of {fall:.2g} in log L at t = {np.exp(lo):.3g} is within "
