@@ -60,14 +60,30 @@ def _count(lt, lo, hi):
     return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
 
 
+def _segments(grid, c, valleys):
+    """Per segment between neighbouring `valleys` (indices into `grid`, the
+    curve `c = ln L` on it): `(ln t at EDGE, ln t at 1 - EDGE of its fall,
+    ln t where L crosses the middle of its levels)`, shape `(len - 1, 3)`."""
+    levels = c[valleys]
+    drops = np.empty((len(valleys) - 1, 3))
+    for k, (v0, v1) in enumerate(zip(valleys[:-1], valleys[1:])):
+        seg, hi, lo = c[v0 : v1 + 1], levels[k], levels[k + 1]
+        middle = np.log(0.5 * (np.exp(hi) + np.exp(lo)))
+        for j, level in enumerate((hi - EDGE * (hi - lo), hi - (1 - EDGE) * (hi - lo))):
+            drops[k, j] = grid[v0 + int(np.argmax(seg <= level))]
+        drops[k, 2] = grid[v0 + int(np.argmax(seg <= middle))]
+    return drops
+
+
 def _curve_drops(stairs: Staircase, lt):
     """The drops of the fitted curve on a grid of `ln t` spanning the data
     `lt` and a decade beyond each end: `levels` (`(P,)`, the curve at the
     flattest point between neighbouring peaks of its steepness, and at the
-    grid's ends), and per drop `(ln t at EDGE, ln t at 1 - EDGE of its fall
-    in ln L, ln t where L crosses the middle of its levels)`, shape `(P - 1,
-    3)`, and the valleys' `ln t` (the drops' bounds, `(P,)`). Peaks whose fall is below `_WIGGLE` are merged into a neighbour
-    (across the less flat of their two valleys)."""
+    grid's ends), per drop `(ln t at EDGE, ln t at 1 - EDGE of its fall in
+    ln L, ln t where L crosses the middle of its levels)` (`(P - 1, 3)`)
+    and the valleys' `ln t` (the drops' bounds, `(P,)`). Peaks whose fall is
+    below `_WIGGLE` are merged into a neighbour (across the less flat of
+    their two valleys)."""
     grid = np.linspace(lt[0] - np.log(10), lt[-1] + np.log(10), _GRID)
     c = stairs.log_curve(np.exp(grid))
     s = -np.gradient(c, grid)
@@ -85,15 +101,8 @@ def _curve_drops(stairs: Staircase, lt):
         # drop the inner valley of the two bounding this segment, the less flat
         sides = [j for j in (k, k + 1) if 0 < j < len(valleys) - 1]
         del valleys[max(sides, key=lambda j: s[valleys[j]])]
-    levels = c[valleys]
-    drops = np.empty((len(valleys) - 1, 3))
-    for k, (v0, v1) in enumerate(zip(valleys[:-1], valleys[1:])):
-        seg, hi, lo = c[v0 : v1 + 1], levels[k], levels[k + 1]
-        middle = np.log(0.5 * (np.exp(hi) + np.exp(lo)))
-        for j, level in enumerate((hi - EDGE * (hi - lo), hi - (1 - EDGE) * (hi - lo))):
-            drops[k, j] = grid[v0 + int(np.argmax(seg <= level))]
-        drops[k, 2] = grid[v0 + int(np.argmax(seg <= middle))]
-    return np.exp(levels), drops, grid[valleys]
+    drops = _segments(grid, c, valleys)
+    return np.exp(c[valleys]), drops, grid[valleys]
 
 
 def _kept_drops(stairs: Staircase, lt, min_drop):
@@ -140,10 +149,10 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
         se = 1.2533 * sigma * np.sqrt(1 / max(before, 1) + 1 / max(after, 1))
         if fall < -np.log1p(-min_drop):
             continue
-        if min(before, after) < 3:  # a level seen on fewer samples than a plateau
+        if not kept and before < 3:  # a first level on fewer samples than a plateau
             notes.append(
                 f"a drop of {fall:.2g} in log L at t = {np.exp(lo):.3g} has "
-                f"{min(before, after)} samples on one side (not counted)"
+                f"{before} samples before it (not counted)"
             )
             continue
         if fall < 4 * se:
@@ -229,7 +238,7 @@ def read_plateaus(
     # stretches: before the first drop, between drops, after the last
     bounds = [lt[0]] + [x for a, b, lo, hi in kept for x in (lo, hi)] + [lt[-1]]
     stretches = list(zip(bounds[0::2], bounds[1::2]))
-    keep = _flat(stretches, kept, levels, lt, ly, slope_tol, min_length)
+    keep = _flat(stairs, stretches, kept, levels, lt, ly, slope_tol, min_length)
     for j in np.flatnonzero(~np.array(keep[1:-1], bool)) + 1:  # between two drops
         lo, hi = np.exp(stretches[j])
         notes.append(
@@ -292,9 +301,10 @@ def read_plateaus(
     )
 
 
-def _flat(stretches, kept, levels, lt, ly, slope_tol, min_length):
+def _flat(stairs, stretches, kept, levels, lt, ly, slope_tol, min_length):
     """Which `stretches` (`(lo, hi)` in `ln t`) between the `kept` drops are
-    plateaus (see `read_plateaus`)."""
+    plateaus (see `read_plateaus`): flat in the data and somewhere in the
+    fitted curve (a stretch of few samples can look flat between steps)."""
     keep = []
     for j, (lo, hi) in enumerate(stretches):
         # flat against its neighbouring drops: a power law, which the model
@@ -309,6 +319,10 @@ def _flat(stretches, kept, levels, lt, ly, slope_tol, min_length):
         if enough:  # the slope, less twice its standard error
             line = loglog_slope(lt, ly, inside, take_logs=False)
             slope = abs(line.slope) - 2 * line.slope_err
+            # and the fitted curve's least steepness in the stretch
+            grid = np.linspace(lo, hi, 200)
+            least = np.min(np.abs(np.gradient(stairs.log_curve(np.exp(grid)), grid)))
+            slope = max(slope, least)
         bar = min(max(slope_tol, 0.5 * steep), _STILL_FALLING)
         keep.append(bool(enough and slope < bar))
     return keep
