@@ -59,7 +59,9 @@ def _shape(family, rng):
         return lambda x: -np.expm1(-(x ** -np.clip(a, 0, None)))
     if family == "gompertz":
         c = float(np.exp(rng.uniform(np.log(3), np.log(30))))
-        return lambda x: -np.expm1(-np.log(2) * np.exp(np.clip(-c * (x - 1), -300, 300)))
+        return lambda x: (
+            -np.expm1(-np.log(2) * np.exp(np.clip(-c * (x - 1), -300, 300)))
+        )
     if family == "tanh_sqrt":
         c = float(np.exp(rng.uniform(np.log(2), np.log(15))))
         return lambda x: 0.5 * (1 - np.tanh(c * (np.sqrt(x) - 1)))

@@ -113,7 +113,6 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
     levels, read, bounds = _curve_drops(stairs, lt)
     K = read.shape[0]
     edges, mids = read[:, :2], read[:, 2]
-    sigma = stairs.noise
     notes = []
     count = partial(_count, lt)
     # the drops half done within the data
@@ -146,7 +145,7 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
         fall = np.log(levels[a] / levels[b])
         before = count(drops[i - 1][3] if i else -np.inf, lo)
         after = count(hi, drops[i + 1][2] if i + 1 < len(drops) else np.inf)
-        se = 1.2533 * sigma * np.sqrt(1 / max(before, 1) + 1 / max(after, 1))
+        se = np.hypot(stairs.se(before), stairs.se(after))
         if fall < -np.log1p(-min_drop):
             continue
         if not kept and before < 3:  # a first level on fewer samples than a plateau
@@ -212,7 +211,6 @@ def read_plateaus(
     fitted curve crosses the middle of the levels, with the standard error of
     a local level over the drop's steepness."""
     lt, ly = np.log(ts), np.log(loss)
-    sigma = stairs.noise
     kept, levels, notes = _kept_drops(stairs, lt, min_drop)
     count = partial(_count, lt)
     ambiguous = "; ".join(notes)
@@ -222,7 +220,7 @@ def read_plateaus(
         line = loglog_slope(lt, ly, take_logs=False)
         if abs(line.slope) < slope_tol:
             level = float(np.exp(np.median(ly)))
-            err = level * 1.2533 * sigma / np.sqrt(ly.size)
+            err = level * stairs.se(ly.size)
             return StaircasePlateaus(
                 np.array([ts[0]]),
                 np.array([ts[-1]]),
@@ -266,7 +264,7 @@ def read_plateaus(
             if core.sum() >= 3:
                 level = float(np.exp(np.median(ly[core])))
             n = max(int(core.sum()) if core.sum() >= 3 else count(lo, hi), 1)
-            found.append((lo, hi, level, 1.2533 * sigma / np.sqrt(n), j))
+            found.append((lo, hi, level, stairs.se(n), j))
     if not found:
         reason = "no plateau: no flat stretch between the fitted drops"
         return _none(reason, ambiguous, len(kept), ends_falling=not keep[-1])
@@ -287,7 +285,7 @@ def read_plateaus(
         steep = np.log(levels[a] / levels[b]) / max(hi - lo, 1e-12) * (1 - 2 * EDGE)
         n = max(count(lo, hi), 1)
         times.append(np.exp(mid))
-        t_err.append(np.exp(mid) * 1.2533 * sigma / np.sqrt(n) / max(steep, 1e-12))
+        t_err.append(np.exp(mid) * stairs.se(n) / max(steep, 1e-12))
     return StaircasePlateaus(
         starts,
         ends,

@@ -58,7 +58,9 @@ class Staircase(eqx.Module):
     - `resolved`: `(K - 1,)`, whether the plateau between drops `k` and `k+1`
       is seen (drop `k` 90% done before drop `k+1` is 10% done).
     - `bic`: the criterion for each `K = 1 .. 6`, shape `(6,)`.
-    - `noise`: the scatter of `ln L` about a smooth curve, `rms`: the fit's
+    - `noise`: the scatter of `ln L` about a smooth curve (about the fit
+      where the records' noise is correlated), `rho` its lag-1 correlation
+      (0 where it is not refitted under it), `rms`: the fit's
       rms residual of the log-binned `ln L`.
     - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`).
     - `reason`: why nothing was fitted (`""` otherwise).
@@ -79,11 +81,20 @@ class Staircase(eqx.Module):
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
     reason: str = eqx.field(static=True, default="")
+    rho: float = eqx.field(static=True, default=0.0)
 
     def curve(self, ts) -> Float[Array, " T"]:
         """The fitted loss at `ts > 0`, shape `(T,)` (NaN where nothing was
         fitted)."""
         return jnp.asarray(np.exp(self.log_curve(ts)))
+
+    def se(self, n) -> float:
+        r"""The standard error of a median of `n` records' `ln L`:
+        $1.2533\,\sigma/\sqrt{n_\mathrm{eff}}$, $n_\mathrm{eff} = \max(1,
+        n (1 - \rho)/(1 + \rho))$ under noise correlated with lag-1
+        coefficient `rho`."""
+        n_eff = max(n * (1 - self.rho) / (1 + self.rho), 1.0)
+        return 1.2533 * self.noise / np.sqrt(n_eff)
 
     def modes(self) -> tuple[np.ndarray, np.ndarray]:
         """Each fitted mode's time half done ($g_k = 1/2$) and height `H_k`
@@ -298,6 +309,23 @@ def _starts(lu, y, m):
     return np.array(rows), np.array(masks, float)
 
 
+def _fit_bins(lu, yb, n, m, sigma, rho):
+    """Every `K` fitted to the `m` bins under the noise `sigma` with lag-1
+    correlation `rho`: the chosen parameters, mask, `K` and the BICs."""
+    n_eff = np.maximum(n * (1 - rho) / (1 + rho), 1)
+    se2 = (1.2533 * sigma) ** 2 / n_eff
+    w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
+    thetas, masks = _starts(lu, yb, m)
+    fitted, chi2 = _fit_all(lu[:m], yb[:m], w[:m], thetas, masks)
+    chi2 = np.where(np.isfinite(chi2), chi2, np.inf).reshape(_MAX_MODES, _STARTS)
+    best_start = np.argmin(chi2, axis=1)
+    ks = np.arange(1, _MAX_MODES + 1)
+    bic = chi2[ks - 1, best_start] + (2 + 4 * ks) * np.log(m)
+    K = int(np.argmin(bic)) + 1
+    row = (K - 1) * _STARTS + best_start[K - 1]
+    return fitted[row], masks[row], K, bic
+
+
 def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     """Fit the staircase model to a curve (`t > 0` increasing, `y > 0`, numpy
     float64, at least 8 points) and choose its number of drops by BIC.
@@ -310,20 +338,19 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     **Returns:** a `Staircase` (see the module notes)."""
     t_ref = float(t[-1])
     ly_raw = np.log(y)
-    sigma = max(log_noise(ly_raw), 1e-4)
+    sigma, rho = max(log_noise(ly_raw), 1e-4), 0.0
     l_ref = float(np.exp(np.median(ly_raw)))
     lu, yb, n, m = _bins(t / t_ref, ly_raw - np.log(l_ref))
-    se2 = (1.2533 * sigma) ** 2 / np.maximum(n, 1)
-    w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
-    thetas, masks = _starts(lu, yb, m)
-    fitted, chi2 = _fit_all(lu[:m], yb[:m], w[:m], thetas, masks)
-    chi2 = np.where(np.isfinite(chi2), chi2, np.inf).reshape(_MAX_MODES, _STARTS)
-    best_start = np.argmin(chi2, axis=1)
-    ks = np.arange(1, _MAX_MODES + 1)
-    bic = chi2[ks - 1, best_start] + (2 + 4 * ks) * np.log(m)
-    K = int(np.argmin(bic)) + 1
-    row = (K - 1) * _STARTS + best_start[K - 1]
-    theta, mask = fitted[row], masks[row]
+    theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
+    # the noise about the fit: correlated from one record to the next (the
+    # loss of SGD wanders), the second differences see only a part of it
+    resid = ly_raw - np.log(l_ref) - _log_model(theta, np.log(t / t_ref), mask)
+    scale = 1.4826 * np.median(np.abs(resid - np.median(resid)))
+    step = 1.4826 * np.median(np.abs(np.diff(resid) - np.median(np.diff(resid))))
+    corr = float(np.clip(1 - step**2 / max(2 * scale**2, 1e-300), 0.0, 0.99))
+    if corr > 1 / 3 and scale > max(sigma, _SIGMA_MODEL):  # refit under it
+        sigma, rho = float(scale), corr
+        theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
     model = _log_model(theta, lu[:m], mask)
     rms = float(np.sqrt(np.sum(n[:m] * (model - yb[:m]) ** 2) / np.sum(n[:m])))
     floor, lam, h, ltau, a, p = _unpack(theta)
@@ -352,6 +379,7 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
         resolved=jnp.asarray(cross[:-1, 2] < cross[1:, 0]),
         bic=jnp.asarray(bic),
         noise=sigma,
+        rho=rho,
         rms=rms,
         theta=jnp.asarray(theta),
         mask=jnp.asarray(mask),
