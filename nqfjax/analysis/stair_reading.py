@@ -181,19 +181,22 @@ def read_plateaus(
     """The plateaus of a fitted staircase, checked against the data (`ts`,
     `loss > 0`):
 
-    - drops half done outside the data are not seen;
-    - two neighbouring drops whose 10%-90% spans overlap (drop `k` is not
-      90% done before drop `k + 1` is 10% done, of their falls in `ln L`) are
-      one drop, said in `ambiguous`;
+    - the drops are the fitted curve's (`_curve_drops`: peaks of its
+      steepness, levels where it is flattest between them), spanning 20% to
+      80% of their falls in `ln L`; those half done outside the data are not
+      seen; a drop that several fitted modes make is said in `ambiguous`;
     - a drop smaller than a fraction `min_drop`, or than 4 standard errors of
       the two levels it separates, is not counted (the latter said in
-      `ambiguous`);
+      `ambiguous`), nor a first drop with fewer than 3 records before it;
     - where another number of drops has a BIC within 10 of the chosen one
       (not "very strong" evidence), `ambiguous` says so;
     - the plateaus are the stretches before the first drop is 10% done,
       between drops and after the last is 90% done: each needs at least 3
       samples over `min_length` decades, and a log-log slope of the data there
-      below `max(slope_tol, steepness / 2)` to within two standard errors,
+      (to within two standard errors) and somewhere on the fitted curve
+      below `min(max(slope_tol, steepness / 2), 1)` (a loss falling faster
+      than `1/t` is still dropping; a stretch between drops that fails is
+      said in `ambiguous`),
       `steepness` the smaller of its neighbouring drops' (the fall from 10%
       to 90% in `ln L` over its log-time): a power law, which the model fits
       as drops with heavy tails, falls between them as steeply as during
@@ -204,10 +207,10 @@ def read_plateaus(
     tail, such as a power law's, not a step of a staircase).
 
     Levels are the medians of the samples where the fitted curve is within
-    2% of an asymptotic level of the stretch (`F + sum_{j > i} H_j`; the one
-    held longest, several across uncounted drops), or the level after the
-    drop before it where it never is (fewer than 3 such samples), with the
-    standard error of a median of those samples; drop times where the
+    2% of a level of the stretch (the one held longest, several across
+    uncounted drops), or the fitted level where it never is (fewer than 3
+    such samples), with the standard error of a median of those samples
+    (`Staircase.se`); drop times where the
     fitted curve crosses the middle of the levels, with the standard error of
     a local level over the drop's steepness."""
     lt, ly = np.log(ts), np.log(loss)

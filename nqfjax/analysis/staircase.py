@@ -21,7 +21,12 @@ median ignores spikes), each weighted by $1/(\mathrm{se}_b^2 + \sigma_m^2)$:
 $\mathrm{se}_b = 1.2533\,\sigma/\sqrt{n_b}$ the standard error of its median
 under the noise $\sigma$ (`log_noise`), $\sigma_m = 0.01$ the shape's own
 misfit. The count minimises $\mathrm{BIC} = \chi^2 + (2 + 4K) \ln n$ ($n$ bins)
-on Huber-robustified residuals (threshold 3 standard errors)."""
+on Huber-robustified residuals (threshold 3 standard errors). Where the
+residuals of that fit are correlated from one record to the next (lag-1
+$\rho > 1/3$, as the loss of minibatch SGD wanders) and scatter more than
+$\sigma$, the fit is repeated under their scatter with $n_b$ replaced by
+$\max(1, n_b (1 - \rho)/(1 + \rho))$. The plateaus are read off the fitted
+curve in `stair_reading.py`."""
 
 import equinox as eqx
 import jax.numpy as jnp
