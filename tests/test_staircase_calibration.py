@@ -8,8 +8,16 @@ HELD_OUT ones only at the end: on first measurement 37/40 plateau counts
 right (92.5%; asymmetric drops 12/15, the others 25/25), drop times within
 0.41 widths; after one change made on the development cells (a drop's span
 from 20% to 80% of its fall in `ln L`, was 10%-90%) and the test's exclusion
-of marginal records, 36/39 (92%). The issue's 95% is met on the development
-cells, not on the held-out ones (docs/how-to/loss-curve.md)."""
+of marginal records, 36/39 (92%). The issue's 95% was then met on the
+development cells, not on the held-out ones.
+
+Second round (2026-12-04): the held-out misses looked at (levels read off
+the modes' asymptotes, misplaced by a mode's long tail), a new hold-out
+(`NEW_HELD_OUT`, other drop shapes, correlated noise, mixed logs) written
+before any change and measured once at the end. The plateaus are now read
+off the fitted curve (`analysis/stair_reading.py`) and the noise is measured
+about a first fit with its correlation: development 17/17, first hold-out
+39/39, new hold-out 29/29 on its one measurement (docs/how-to/loss-curve.md)."""
 
 import numpy as np
 import pytest
@@ -37,6 +45,18 @@ HELD_OUT = (
     ("sigmoid_logt", "linear", 0.02),
     ("asymmetric", "log", 0.02),
 )
+#: Held out from the second round of work (written before it, measured once
+#: at its end): drop shapes from other generators (`sf.NEW_FAMILIES`),
+#: AR(1)-correlated noise (the 4th entry, `rho`) and geometric-then-linear
+#: logs.
+NEW_HELD_OUT = (
+    ("gompertz", "log", 0.0, 0.0),
+    ("gompertz", "every_step", 0.0, 0.95),
+    ("gompertz", "mixed", 0.02, 0.0),
+    ("tanh_sqrt", "mixed", 0.0, 0.9),
+    ("tanh_sqrt", "linear", 0.02, 0.0),
+    ("tanh_sqrt", "every_step", 0.0, 0.0),
+)
 
 
 def _cases(cells, n, seed):
@@ -46,12 +66,12 @@ def _cases(cells, n, seed):
     are left out (measured: 0-2 per cell of 5, linear sampling only)."""
     rng = np.random.default_rng(seed)
     for cell in cells:
-        family, sampling, spikes = cell
+        family, sampling, spikes, *rho = cell
         for _ in range(n):
             curve, t_end, truth = sf.staircase(family, rng)
             noise = rng.uniform(0, 0.1)
             ts, loss = sf.sample(
-                rng, curve, t_end, sampling, noise, spikes, truth["t_first"]
+                rng, curve, t_end, sampling, noise, spikes, truth["t_first"], *rho
             )
             seen, clear = sf.seen_plateaus(ts, truth)
             if clear:  # (marginal records: counted by `_marginal`)
@@ -89,15 +109,40 @@ def test_development_families():
 
 @pytest.mark.slow  # 40 staircase fits
 def test_held_out_families():
-    """The held-out cells: measured 36/39 counts right (92%: one every-step
-    logistic staircase and one spiked asymmetric one a plateau short, one
-    asymmetric log-sampled one two short), below the issue's 95%, so the bar
-    here is 90% (it guards against a regression, not the issue's claim);
-    drop times within half a width on >= 95% of the drops (measured: all,
-    at most 0.20 widths)."""
+    """The held-out cells: counts right on >= 95% (the issue's bar; measured
+    36/39 in the first round, 39/39 since the plateaus are read off the
+    fitted curve, which the misses were looked at for: no longer a clean
+    hold-out, see `test_new_held_out_families`); drop times within half a
+    width on >= 95% of the drops (measured: all, at most 0.12 widths)."""
     right, total, offsets = _measure(HELD_OUT, 5, seed=20)
     print(f"held out: {right}/{total}; offsets max {offsets.max():.2f}")
-    assert right >= 0.90 * total
+    assert right >= 0.95 * total
+    assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
+
+
+@pytest.mark.slow  # 30 staircase fits and model selections
+def test_new_held_out_families():
+    """The second hold-out (`NEW_HELD_OUT`): plateau counts right and
+    `select_model` right (a staircase of as many drops as the record sees)
+    on >= 95% (the issue's bars), drop times within half a width on >= 95%
+    of the drops. Measured once, at the end of the second round: counts
+    29/29 (one marginal record left out), `select_model` 28/29 (one
+    spiked Gompertz staircase of 2 drops given 3), drop times within half a
+    width on 81/83 drops (the others 0.53 and 0.65 widths)."""
+    right, total, offsets = _measure(NEW_HELD_OUT, 5, seed=50)
+    chosen_right = 0
+    for cell, ts, loss, truth in _cases(NEW_HELD_OUT, 5, seed=50):
+        chosen = nqfjax.select_model(ts, loss)
+        ok = chosen.best == "staircase" and chosen.n_modes == truth["seen"] - 1
+        chosen_right += ok
+        if not ok:
+            print(cell, chosen.best, chosen.n_modes, truth["seen"] - 1)
+    print(
+        f"new held out: {right}/{total}; select_model {chosen_right}/{total}; "
+        f"offsets max {offsets.max():.2f}"
+    )
+    assert right >= 0.95 * total
+    assert chosen_right >= 0.95 * total
     assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
 
 
@@ -107,7 +152,9 @@ def test_cannot_tell_is_said():
     first is 90% done), or drops of 0.11-0.2 in `ln L` (just above
     `min_drop`) under 5-10% noise:
     never more plateaus than there are; short counts mostly come with
-    `ambiguous` saying why (see the bound below)."""
+    `ambiguous` saying why (see the bound below): a drop fitted by several
+    modes without a plateau between them, a stretch between drops that does
+    not level off, another count within 10 of BIC, a drop within the noise."""
     rng = np.random.default_rng(30)
     silent = 0
     for i in range(12):
@@ -123,13 +170,15 @@ def test_cannot_tell_is_said():
         assert len(found) <= truth["K"] + 1, (i, found)
         if len(found) < truth["K"] + 1 and not found.ambiguous:
             silent += 1
-    # measured: 4 of 12 short without a word (6 before the notes on a drop
-    # wider than a decade and one half done outside the data: overlapping
-    # drops that one asymmetric drop fits as well, by BIC; drops of 0.11-0.2
-    # under 10% noise): this bounds them (one case of margin for round-off
-    # in the fits on other platforms)
+    # measured: 2 of 12 short without a word (4 before the notes on several
+    # modes in one drop and on stretches that do not level off, 6 before
+    # those on a drop wider than a decade and one half done outside the
+    # data): overlapping logistic drops and drops of 0.12 and 0.17 under 7%
+    # noise, each fitted as one mode, the second mode worse by BIC by 16:
+    # the data favour one drop. This bounds them (one case of margin for
+    # round-off in the fits on other platforms)
     print(f"cannot tell: {silent} of 12 short without a word")
-    assert silent <= 5
+    assert silent <= 3
 
 
 @pytest.mark.slow  # 6 model selections
@@ -191,8 +240,10 @@ def test_recorded_runs():
 @pytest.mark.slow  # 39 model selections (about 2.5 min)
 def test_select_model_held_out():
     """`select_model` on the held-out cells: a staircase with the number of
-    drops the record sees on >= 95% (the issue's bar). Measured: 38/39 (one
-    every-step logistic staircase given a drop too many)."""
+    drops the record sees on >= 95% (the issue's bar). Measured: 38/39 in the
+    first round (one every-step logistic staircase given a drop too many:
+    its first plateau one record), 39/39 since a first drop needs 3 records
+    before it."""
     right = total = 0
     for cell, ts, loss, truth in _cases(HELD_OUT, 5, seed=20):
         chosen = nqfjax.select_model(ts, loss)

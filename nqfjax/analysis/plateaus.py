@@ -13,7 +13,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from .._curves import first_crossing, loglog_slope
 from ._least_squares import log_noise
-from .staircase import Staircase, StaircasePlateaus, fit_staircase, read_plateaus
+from .stair_reading import StaircasePlateaus, read_plateaus
+from .staircase import Staircase, fit_staircase
 from .window import window_after_staircase
 
 
@@ -109,17 +110,21 @@ def detect_plateaus(
     $\log t$ to an isolated mode's logistic in $t$), plus a floor, fitted to
     the log-binned medians of $\ln L$ with `K` chosen by BIC under the
     noise measured from the data (`analysis/staircase.py`); the plateaus are
-    read off it and checked against the data: a drop spans 20%-80% of its
-    fall in $\ln L$, overlapping drops count as one, a drop under
-    `min_drop` or within 4 standard errors of the noise is not counted, and
-    a plateau is a stretch before, between or after drops with at least 3
-    samples over `min_length` decades and a log-log slope below
-    `max(slope_tol, half its neighbouring drops' steepness)` (a power law
-    has none). Levels are the fitted asymptotes, drop times where the fitted
-    curve crosses each drop's middle. Where the data cannot tell (drops
-    closer than their widths, a drop within the noise, another `K` within
-    10 of BIC) `ambiguous` says so. Holds across the sharpness of the drops
-    (see the how-to's table of measured rates); about a second per curve.
+    read off its fitted curve (`analysis/stair_reading.py`) and checked
+    against the data: a drop is a peak of the curve's log-log steepness,
+    spanning 20%-80% of its fall in $\ln L$ between the levels where the
+    curve is flattest, a drop under `min_drop` or within 4 standard errors
+    of the noise is not counted, and a plateau is a stretch before, between
+    or after drops with at least 3 samples over `min_length` decades and a
+    log-log slope, in the data and on the fitted curve, below
+    `min(max(slope_tol, half its neighbouring drops' steepness), 1)` (a
+    power law has none). Levels are the medians of the data where the
+    fitted curve holds a level, drop times where it crosses each drop's
+    middle. Where the data cannot tell (a drop made of several fitted
+    modes, two drops without a flat stretch between them, a drop within the
+    noise, another `K` within 10 of BIC) `ambiguous` says so. Holds across
+    the sharpness of the drops (see the how-to's table of measured rates);
+    about a second per curve (two where the noise is correlated).
 
     **`method="slope"`**: the earlier detector, fast but for sharp drops only
     (a fixed log-log slope threshold `drop_slope`; gentle drops are missed).

@@ -21,17 +21,18 @@ median ignores spikes), each weighted by $1/(\mathrm{se}_b^2 + \sigma_m^2)$:
 $\mathrm{se}_b = 1.2533\,\sigma/\sqrt{n_b}$ the standard error of its median
 under the noise $\sigma$ (`log_noise`), $\sigma_m = 0.01$ the shape's own
 misfit. The count minimises $\mathrm{BIC} = \chi^2 + (2 + 4K) \ln n$ ($n$ bins)
-on Huber-robustified residuals (threshold 3 standard errors)."""
-
-from functools import partial
-from typing import NamedTuple
+on Huber-robustified residuals (threshold 3 standard errors). Where the
+residuals of that fit are correlated from one record to the next (lag-1
+$\rho > 1/3$, as the loss of minibatch SGD wanders) and scatter more than
+$\sigma$, the fit is repeated under their scatter with $n_b$ replaced by
+$\max(1, n_b (1 - \rho)/(1 + \rho))$. The plateaus are read off the fitted
+curve in `stair_reading.py`."""
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._curves import loglog_slope
 from ._least_squares import huber_numpy, log_noise
 
 
@@ -43,8 +44,8 @@ _BINS = 160
 _SIGMA_MODEL = 0.01
 _STARTS = 3
 _ITERATIONS = 60
-#: A drop spans from `_EDGE` to `1 - _EDGE` of its fall in `ln L`.
-_EDGE = 0.2
+#: A drop spans from `EDGE` to `1 - EDGE` of its fall in `ln L`.
+EDGE = 0.2
 
 
 class Staircase(eqx.Module):
@@ -62,7 +63,9 @@ class Staircase(eqx.Module):
     - `resolved`: `(K - 1,)`, whether the plateau between drops `k` and `k+1`
       is seen (drop `k` 90% done before drop `k+1` is 10% done).
     - `bic`: the criterion for each `K = 1 .. 6`, shape `(6,)`.
-    - `noise`: the scatter of `ln L` about a smooth curve, `rms`: the fit's
+    - `noise`: the scatter of `ln L` about a smooth curve (about the fit
+      where the records' noise is correlated), `rho` its lag-1 correlation
+      (0 where it is not refitted under it), `rms`: the fit's
       rms residual of the log-binned `ln L`.
     - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`).
     - `reason`: why nothing was fitted (`""` otherwise).
@@ -83,17 +86,39 @@ class Staircase(eqx.Module):
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
     reason: str = eqx.field(static=True, default="")
+    rho: float = eqx.field(static=True, default=0.0)
 
     def curve(self, ts) -> Float[Array, " T"]:
         """The fitted loss at `ts > 0`, shape `(T,)` (NaN where nothing was
         fitted)."""
+        return jnp.asarray(np.exp(self.log_curve(ts)))
+
+    def se(self, n) -> float:
+        r"""The standard error of a median of `n` records' `ln L`:
+        $1.2533\,\sigma/\sqrt{n_\mathrm{eff}}$, $n_\mathrm{eff} = \max(1,
+        n (1 - \rho)/(1 + \rho))$ under noise correlated with lag-1
+        coefficient `rho`."""
+        n_eff = max(n * (1 - self.rho) / (1 + self.rho), 1.0)
+        return 1.2533 * self.noise / np.sqrt(n_eff)
+
+    def modes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each fitted mode's time half done ($g_k = 1/2$) and height `H_k`
+        (a loss), numpy, shape `(K,)` each, in the order fitted."""
+        floor, lam, h, ltau, a, p = _unpack(np.asarray(self.theta, float))
+        K = self.n_modes
+        half = _g_inverse(0.5, lam, ltau[:K], a[:K], p[:K])
+        return self.t_ref * np.exp(half), self.l_ref * h[:K]
+
+    def log_curve(self, ts) -> np.ndarray:
+        """The fitted `ln L` at `ts > 0` in numpy float64, shape `(T,)` (smooth
+        enough to differentiate, as float32 is not)."""
         ts = np.asarray(ts, float)
         if self.n_modes == 0:
-            return jnp.full(ts.shape, jnp.nan)
+            return np.full(ts.shape, np.nan)
         theta, mask = np.asarray(self.theta, float), np.asarray(self.mask, float)
         with np.errstate(divide="ignore"):  # t = 0: the first plateau
             lu = np.log(ts / self.t_ref)
-        return jnp.asarray(self.l_ref * np.exp(_log_model(theta, lu, mask)))
+        return np.log(self.l_ref) + _log_model(theta, lu, mask)
 
 
 #: Bounds of the parameters `(ln F, logit lambda, (ln H, ln tau, ln a, ln p))`.
@@ -289,6 +314,23 @@ def _starts(lu, y, m):
     return np.array(rows), np.array(masks, float)
 
 
+def _fit_bins(lu, yb, n, m, sigma, rho):
+    """Every `K` fitted to the `m` bins under the noise `sigma` with lag-1
+    correlation `rho`: the chosen parameters, mask, `K` and the BICs."""
+    n_eff = np.maximum(n * (1 - rho) / (1 + rho), 1)
+    se2 = (1.2533 * sigma) ** 2 / n_eff
+    w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
+    thetas, masks = _starts(lu, yb, m)
+    fitted, chi2 = _fit_all(lu[:m], yb[:m], w[:m], thetas, masks)
+    chi2 = np.where(np.isfinite(chi2), chi2, np.inf).reshape(_MAX_MODES, _STARTS)
+    best_start = np.argmin(chi2, axis=1)
+    ks = np.arange(1, _MAX_MODES + 1)
+    bic = chi2[ks - 1, best_start] + (2 + 4 * ks) * np.log(m)
+    K = int(np.argmin(bic)) + 1
+    row = (K - 1) * _STARTS + best_start[K - 1]
+    return fitted[row], masks[row], K, bic
+
+
 def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     """Fit the staircase model to a curve (`t > 0` increasing, `y > 0`, numpy
     float64, at least 8 points) and choose its number of drops by BIC.
@@ -301,20 +343,19 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     **Returns:** a `Staircase` (see the module notes)."""
     t_ref = float(t[-1])
     ly_raw = np.log(y)
-    sigma = max(log_noise(ly_raw), 1e-4)
+    sigma, rho = max(log_noise(ly_raw), 1e-4), 0.0
     l_ref = float(np.exp(np.median(ly_raw)))
     lu, yb, n, m = _bins(t / t_ref, ly_raw - np.log(l_ref))
-    se2 = (1.2533 * sigma) ** 2 / np.maximum(n, 1)
-    w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
-    thetas, masks = _starts(lu, yb, m)
-    fitted, chi2 = _fit_all(lu[:m], yb[:m], w[:m], thetas, masks)
-    chi2 = np.where(np.isfinite(chi2), chi2, np.inf).reshape(_MAX_MODES, _STARTS)
-    best_start = np.argmin(chi2, axis=1)
-    ks = np.arange(1, _MAX_MODES + 1)
-    bic = chi2[ks - 1, best_start] + (2 + 4 * ks) * np.log(m)
-    K = int(np.argmin(bic)) + 1
-    row = (K - 1) * _STARTS + best_start[K - 1]
-    theta, mask = fitted[row], masks[row]
+    theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
+    # the noise about the fit: correlated from one record to the next (the
+    # loss of SGD wanders), the second differences see only a part of it
+    resid = ly_raw - np.log(l_ref) - _log_model(theta, np.log(t / t_ref), mask)
+    scale = 1.4826 * np.median(np.abs(resid - np.median(resid)))
+    step = 1.4826 * np.median(np.abs(np.diff(resid) - np.median(np.diff(resid))))
+    corr = float(np.clip(1 - step**2 / max(2 * scale**2, 1e-300), 0.0, 0.99))
+    if corr > 1 / 3 and scale > max(sigma, _SIGMA_MODEL):  # refit under it
+        sigma, rho = float(scale), corr
+        theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
     model = _log_model(theta, lu[:m], mask)
     rms = float(np.sqrt(np.sum(n[:m] * (model - yb[:m]) ** 2) / np.sum(n[:m])))
     floor, lam, h, ltau, a, p = _unpack(theta)
@@ -326,7 +367,7 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     curve = np.exp(_log_model(theta, grid, mask))
     cross = np.empty((K, 3))
     for k in range(K):
-        for j, frac in enumerate((_EDGE, 0.5, 1 - _EDGE)):
+        for j, frac in enumerate((EDGE, 0.5, 1 - EDGE)):
             level = levels[k] ** (1 - frac) * levels[k + 1] ** frac
             if frac == 0.5:  # the arithmetic middle of the levels
                 level = 0.5 * (levels[k] + levels[k + 1])
@@ -343,257 +384,10 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
         resolved=jnp.asarray(cross[:-1, 2] < cross[1:, 0]),
         bic=jnp.asarray(bic),
         noise=sigma,
+        rho=rho,
         rms=rms,
         theta=jnp.asarray(theta),
         mask=jnp.asarray(mask),
         t_ref=t_ref,
         l_ref=l_ref,
     )
-
-
-class StaircasePlateaus(NamedTuple):
-    """The plateaus read off a fitted staircase (`read_plateaus`), numpy
-    arrays of shape `(P,)` (`start`, `end`, `level`, `level_err`) and `(P -
-    1,)` (`drop_times`, `drop_times_err`); `n_drops` counted, `reason` (no
-    plateau), `ambiguous` (what the data cannot tell), `ends_falling` (no
-    plateau after the last drop: a tail)."""
-
-    start: np.ndarray
-    end: np.ndarray
-    level: np.ndarray
-    level_err: np.ndarray
-    drop_times: np.ndarray
-    drop_times_err: np.ndarray
-    n_drops: int
-    reason: str = ""
-    ambiguous: str = ""
-    ends_falling: bool = False
-
-
-def _none(reason, ambiguous, n_drops=0, ends_falling=False) -> StaircasePlateaus:
-    empty = [np.zeros(0)] * 6
-    return StaircasePlateaus(*empty, n_drops, reason, ambiguous, ends_falling)
-
-
-def _count(lt, lo, hi):
-    return int(np.count_nonzero((lt >= lo) & (lt <= hi)))
-
-
-def _kept_drops(stairs: Staircase, lt, min_drop):
-    """The drops of a fitted staircase that the data at log-times `lt` see,
-    as `(first level, last level + 1, ln t at 20%, ln t at 80%)`, and the
-    notes on what the data cannot tell (see `read_plateaus`)."""
-    K = stairs.n_modes
-    levels = np.asarray(stairs.levels)
-    edges = np.log(np.asarray(stairs.edges))
-    mids = np.log(np.asarray(stairs.drop_times))
-    sigma = stairs.noise
-    notes = []
-    count = partial(_count, lt)
-    # drops: groups of overlapping modes, of those half done within the data
-    seen = [k for k in range(K) if lt[0] < mids[k] < lt[-1]]
-    for k in set(range(K)) - set(seen):  # half done outside, overlapping them
-        fall, over = np.log(levels[k] / levels[k + 1]), edges[k, 0] < lt[-1]
-        if fall >= -np.log1p(-min_drop) and over and edges[k, 1] > lt[0]:
-            notes.append(
-                f"a drop of {fall:.2g} in log L half done outside the data (t = "
-                f"{np.exp(mids[k]):.3g}) overlaps them: the count may be short"
-            )
-    groups = []
-    for k in seen:
-        if groups and edges[groups[-1][-1], 1] >= edges[k, 0]:
-            groups[-1].append(k)
-            notes.append(
-                f"drops at t = {np.exp(mids[groups[-1][-2]]):.3g} and "
-                f"{np.exp(mids[k]):.3g} "
-                "are closer than their widths (counted as one)"
-            )
-        else:
-            groups.append([k])
-    drops = []  # (first level index, last level index + 1, lo edge, hi edge)
-    for g in groups:
-        drops.append([g[0], g[-1] + 1, edges[g[0], 0], edges[g[-1], 1]])
-    # small or insignificant drops are not drops
-    kept = []
-    for i, (a, b, lo, hi) in enumerate(drops):
-        fall = np.log(levels[a] / levels[b])
-        before = count(drops[i - 1][3] if i else -np.inf, lo)
-        after = count(hi, drops[i + 1][2] if i + 1 < len(drops) else np.inf)
-        se = 1.2533 * sigma * np.sqrt(1 / max(before, 1) + 1 / max(after, 1))
-        if fall < -np.log1p(-min_drop):
-            continue
-        if fall < 4 * se:
-            notes.append(
-                f"a drop of {fall:.2g} in log L at t = {np.exp(lo):.3g} is within "
-                f"4 standard errors ({4 * se:.2g}) of the noise (not counted)"
-            )
-            continue
-        kept.append((a, b, lo, hi))
-    for a, b, lo, hi in kept:  # wider than any one drop of the families
-        if hi - lo > np.log(10):
-            w, mid = (hi - lo) / np.log(10), np.exp(0.5 * (lo + hi))
-            notes.append(f"the drop at t = {mid:.3g} spans {w:.2g} decades: several?")
-    bic = np.asarray(stairs.bic)
-    close = [k + 1 for k in np.flatnonzero(bic - bic[K - 1] < 10) if k + 1 != K]
-    if close:
-        notes.append(
-            f"the data cannot tell {K} fitted drops from "
-            f"{' or '.join(map(str, close))} (BIC within 10)"
-        )
-    return kept, notes
-
-
-def read_plateaus(
-    stairs: Staircase, ts, loss, slope_tol=0.15, min_length=0.05, min_drop=0.1
-) -> StaircasePlateaus:
-    """The plateaus of a fitted staircase, checked against the data (`ts`,
-    `loss > 0`):
-
-    - drops half done outside the data are not seen;
-    - two neighbouring drops whose 10%-90% spans overlap (drop `k` is not
-      90% done before drop `k + 1` is 10% done, of their falls in `ln L`) are
-      one drop, said in `ambiguous`;
-    - a drop smaller than a fraction `min_drop`, or than 4 standard errors of
-      the two levels it separates, is not counted (the latter said in
-      `ambiguous`);
-    - where another number of drops has a BIC within 10 of the chosen one
-      (not "very strong" evidence), `ambiguous` says so;
-    - the plateaus are the stretches before the first drop is 10% done,
-      between drops and after the last is 90% done: each needs at least 3
-      samples over `min_length` decades, and a log-log slope of the data there
-      below `max(slope_tol, steepness / 2)` to within two standard errors,
-      `steepness` the smaller of its neighbouring drops' (the fall from 10%
-      to 90% in `ln L` over its log-time): a power law, which the model fits
-      as drops with heavy tails, falls between them as steeply as during
-      them. Without a drop, the curve is one plateau if its log-log slope is
-      below `slope_tol`, else none.
-
-    `ends_falling` where the stretch after the last drop is no plateau (a
-    tail, such as a power law's, not a step of a staircase).
-
-    Levels are the medians of the samples where the fitted curve is within
-    2% of an asymptotic level of the stretch (`F + sum_{j > i} H_j`; the one
-    held longest, several across uncounted drops), or the level after the
-    drop before it where it never is (fewer than 3 such samples), with the
-    standard error of a median of those samples; drop times where the
-    fitted curve crosses the middle of the levels, with the standard error of
-    a local level over the drop's steepness."""
-    levels = np.asarray(stairs.levels)
-    lt, ly = np.log(ts), np.log(loss)
-    sigma = stairs.noise
-    kept, notes = _kept_drops(stairs, lt, min_drop)
-    count = partial(_count, lt)
-    ambiguous = "; ".join(notes)
-    if not kept:
-        # no drop: one plateau if the curve is flat, none if it falls (a
-        # power law)
-        line = loglog_slope(lt, ly, take_logs=False)
-        if abs(line.slope) < slope_tol:
-            level = float(np.exp(np.median(ly)))
-            err = level * 1.2533 * sigma / np.sqrt(ly.size)
-            return StaircasePlateaus(
-                np.array([ts[0]]),
-                np.array([ts[-1]]),
-                np.array([level]),
-                np.array([err]),
-                np.zeros(0),
-                np.zeros(0),
-                0,
-                ambiguous=ambiguous,
-            )
-        reason = "no plateau: no drop stands out of the noise, and the curve falls"
-        return _none(reason, ambiguous, ends_falling=True)
-    # stretches: before the first drop, between drops, after the last
-    bounds = [lt[0]] + [x for a, b, lo, hi in kept for x in (lo, hi)] + [lt[-1]]
-    stretches = list(zip(bounds[0::2], bounds[1::2]))
-    keep = _flat(stretches, kept, levels, lt, ly, slope_tol, min_length)
-    found = []
-    level_idx = [kept[0][0]] + [b for a, b, lo, hi in kept]
-    # the fitted levels of each stretch (several across uncounted drops)
-    first = [0] + [b for a, b, lo, hi in kept]
-    last = [a for a, b, lo, hi in kept] + [len(levels) - 1]
-    for j, ((lo, hi), ok) in enumerate(zip(stretches, keep)):
-        if ok:
-            level = levels[level_idx[j]]
-            # where the fitted curve is within 2% of a level of the stretch
-            # (the one it stays at longest): the median of the samples there
-            # (exact on a flat plateau); else the fitted asymptote (a plateau
-            # tilted by its drops' tails)
-            inside = (lt >= lo) & (lt <= hi)
-            fitted = np.asarray(stairs.curve(ts[inside]))
-            near = np.abs(np.log(fitted[None] / levels[first[j] : last[j] + 1, None]))
-            core = inside.copy()
-            core[inside] = max(near < 0.02, key=np.sum)
-            if core.sum() >= 3:
-                level = float(np.exp(np.median(ly[core])))
-            n = max(int(core.sum()) if core.sum() >= 3 else count(lo, hi), 1)
-            found.append((lo, hi, level, 1.2533 * sigma / np.sqrt(n), j))
-    if not found:
-        reason = "no plateau: no flat stretch between the fitted drops"
-        return _none(reason, ambiguous, len(kept), ends_falling=not keep[-1])
-    starts = np.exp([f[0] for f in found])
-    ends = np.exp([f[1] for f in found])
-    # a plateau at an end of the data extends to it (exactly)
-    starts[0] = ts[0] if found[0][4] == 0 else starts[0]
-    ends[-1] = ts[-1] if found[-1][4] == len(stretches) - 1 else ends[-1]
-    lev = np.array([f[2] for f in found])
-    lev_err = lev * np.array([f[3] for f in found])
-    times, t_err = [], []
-    for (_, _, _, _, j0), (_, _, _, _, j1) in zip(found[:-1], found[1:]):
-        # the drops between plateaus j0 and j1 (one where both exist)
-        a, b, lo, hi = kept[j0]
-        b = kept[j1 - 1][1]
-        hi = kept[j1 - 1][3]
-        mid = _crossing(stairs, 0.5 * (levels[a] + levels[b]), lo, hi)
-        steep = np.log(levels[a] / levels[b]) / max(hi - lo, 1e-12) * (1 - 2 * _EDGE)
-        n = max(count(lo, hi), 1)
-        times.append(np.exp(mid))
-        t_err.append(np.exp(mid) * 1.2533 * sigma / np.sqrt(n) / max(steep, 1e-12))
-    return StaircasePlateaus(
-        starts,
-        ends,
-        lev,
-        lev_err,
-        np.array(times),
-        np.array(t_err),
-        len(kept),
-        ambiguous=ambiguous,
-        ends_falling=not keep[-1],
-    )
-
-
-def _flat(stretches, kept, levels, lt, ly, slope_tol, min_length):
-    """Which `stretches` (`(lo, hi)` in `ln t`) between the `kept` drops are
-    plateaus (see `read_plateaus`)."""
-    keep = []
-    for j, (lo, hi) in enumerate(stretches):
-        # flat against its neighbouring drops: a power law, which the model
-        # fits as drops with heavy tails, falls between them as steeply
-        steep = min(
-            (1 - 2 * _EDGE) * np.log(levels[a] / levels[b]) / max(dhi - dlo, 1e-12)
-            for a, b, dlo, dhi in kept[max(j - 1, 0) : j + 1]
-        )
-        inside = (lt >= lo) & (lt <= hi)
-        enough = inside.sum() >= 3 and hi - lo >= min_length * np.log(10)
-        slope = np.inf
-        if enough:  # the slope, less twice its standard error
-            line = loglog_slope(lt, ly, inside, take_logs=False)
-            slope = abs(line.slope) - 2 * line.slope_err
-        keep.append(bool(enough and slope < max(slope_tol, 0.5 * steep)))
-    return keep
-
-
-def _crossing(stairs: Staircase, level, lo, hi):
-    """`ln t` where the fitted curve crosses `level` between `ln t = lo` and
-    `hi` (widened by half their span; log-linear between grid points)."""
-    pad = 0.5 * (hi - lo) + 1e-6
-    grid = np.linspace(lo - pad, hi + pad, 2001)
-    curve = np.asarray(stairs.curve(np.exp(grid)))
-    below = np.flatnonzero(curve <= level)
-    if below.size == 0:
-        return 0.5 * (lo + hi)
-    i = below[0]
-    if i == 0:
-        return grid[0]
-    c0, c1 = np.log(curve[i - 1]), np.log(curve[i])
-    return grid[i - 1] + (grid[i] - grid[i - 1]) * (c0 - np.log(level)) / (c0 - c1)
