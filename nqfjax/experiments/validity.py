@@ -199,7 +199,9 @@ def _gradient_gap(structure, xs, ys, Ws):
     layer's departure and of its quadratic part (as `_departures`), shapes
     `(R,)`; the real layer's loss gradient less its quadratic form's,
     $\delta g$, and the quadratic form's, shapes `(R, p, m)`; the loss
-    $\frac{1}{2n}\sum_x |f(x) - y|^2$. One forward pass of each per record."""
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$; the quadratic form's in closed form,
+    $\frac{2}{n}\sum_x (f_{\rm quad}(x) - y) A(x) W$ (`weighted_apply`). One
+    forward and backward pass of the real layer per record."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n = xs.shape[0]
@@ -208,9 +210,10 @@ def _gradient_gap(structure, xs, ys, Ws):
         f, pull_real = jax.vjp(
             lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
         )
-        quad, pull_quad = jax.vjp(lambda W: structure.contract_factor(xs, W), W)
+        quad = structure.contract_factor(xs, W)
         (g_real,) = pull_real((f - ys) / n)
-        (g_quad,) = pull_quad((f0 + quad - ys) / n)
+        # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile
+        g_quad = 2.0 * structure.weighted_apply(xs, (f0 + quad - ys) / n, W)
         delta = f - f0 - quad
         norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
         return *norms, g_real - g_quad, g_quad
@@ -242,32 +245,41 @@ def expected_shifts(
     lam = np.maximum(lam[:, ::-1][:, :c], np.finfo(np.float64).tiny)
     U = U[:, :, ::-1][:, :, :c]
     v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
-    s = -learning_rate * np.einsum("rpm,rpk->rkm", np.asarray(gap, np.float64), U)
-    g = np.einsum("rpm,rpk->rkm", np.asarray(grad_quad, np.float64), U)
-    rate = -2.0 * learning_rate * np.sum(g * v, -1) / lam  # d ln(lambda_k)/dt
-    # the feed along a larger mode's pattern v_j (j < k; the v are orthogonal)
-    # only turns that learned mode toward u_k, and it turns back: not a feed
-    along = np.einsum("rkm,rjm->rkj", s, v) / lam[:, None, :]
-    s = s - np.einsum("rkj,rjm->rkm", np.tril(along, -1), v)
+    gap = np.asarray(gap, np.float64)
+    grad_quad = np.asarray(grad_quad, np.float64)
     for k in range(c):
         T = times[k]
         j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
         if not (np.isfinite(T) and T > 0 and j >= 2):
             continue
+        # the mode as it switches on, u_k(T), less its parts along the larger
+        # modes u_i(t) (i < k) at each record: before T the k-th eigenvector
+        # by rank still mixes in the modes that switch on later
+        P = U[:j, :, :k]
+        e = U[j - 1, :, k][None] - np.einsum("rpi,rqi,q->rp", P, P, U[j - 1, :, k])
+        e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+        x = np.einsum("rpm,rp->rm", W[:j], e)  # its pattern, |x|^2 its amplitude
+        a2 = np.maximum(np.sum(x * x, -1), np.finfo(np.float64).tiny)
+        s = -learning_rate * np.einsum("rpm,rp->rm", gap[:j], e)
+        g = np.einsum("rpm,rp->rm", grad_quad[:j], e)
+        rate = -2.0 * learning_rate * np.sum(g * x, -1) / a2  # d ln(a2)/dt
+        # the feed along a larger mode's pattern v_i (i < k; the v are
+        # orthogonal) only turns that learned mode toward e, and it turns
+        # back: not a feed
+        along = np.einsum("rm,rim->ri", s, v[:j, :k]) / lam[:j, :k]
+        s = s - np.einsum("ri,rim->rm", along, v[:j, :k])
         start = times[k - 1] if k and np.isfinite(times[k - 1]) else ts[0]
-        window = (ts >= start) & (ts <= T)
-        r = float(np.max(rate[window | (np.arange(ts.shape[0]) == j - 1), k]))
+        after = ts[:j] >= start
+        r = float(np.max(rate[after | (np.arange(j) == j - 1)]))
         if not r > 0:
             continue
-        ref = v[j - 1, k]
-        sign = np.where(v[:j, k] @ ref < 0, -1.0, 1.0)
         # a feed while the mode saturates (after the previous switch-on, its
         # rate below r) moves the switch-on by r / rate(t) times more
-        gain = np.where(ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0)
-        fed = s[:j, k] * (sign * gain / np.sqrt(lam[:j, k]))[:, None]
+        gain = np.where(after, r / np.clip(rate, r / 4.0, r), 1.0)
+        fed = s * (gain / np.sqrt(a2))[:, None]
         D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
         D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
-        rho = float(np.sum((ref / np.linalg.norm(ref) + D) ** 2))
+        rho = float(np.sum((x[-1] / np.sqrt(a2[-1]) + D) ** 2))
         out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
     return out
 
