@@ -213,10 +213,11 @@ def _gradient_gap(structure, xs, ys, Ws):
         quad = structure.contract_factor(xs, W)
         (g_real,) = pull_real((f - ys) / n)
         # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile
-        g_quad = 2.0 * structure.weighted_apply(xs, (f0 + quad - ys) / n, W)
+        G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
+        g_quad = 2.0 * G @ W
         delta = f - f0 - quad
         norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
-        return *norms, g_real - g_quad, g_quad
+        return *norms, g_real - g_quad, g_quad, G
 
     return jax.lax.map(one, Ws)
 
@@ -228,12 +229,17 @@ def expected_shifts(
     grad_quad: Float[ArrayLike, "R p m"],
     learning_rate: float,
     switch_times: Float[ArrayLike, " c"],
+    generator: Float[ArrayLike, "R p p"] | None = None,
 ) -> Float[np.ndarray, " c"]:
     r"""$\epsilon_k$ of the module (the expected relative error of the `k`-th
     switch-on time) from the weights `factors`, the gradient gap $\delta g$
     and the quadratic form's gradient at the records `ts`, for the switch-ons
-    `switch_times` (by rank, in time order). Float64 numpy, shape `(c,)`; NaN
-    for a rank that does not switch on within the records."""
+    `switch_times` (by rank, in time order); with `generator` (shape
+    `(R, p, p)`, $G$ with $\nabla_W L_{\rm quad} = 2 G W$ at the records) the
+    feed is counted on the direction that the quadratic form's flow carries
+    into the mode at its switch-on, without it on that mode's eigenvector
+    itself. Float64 numpy, shape `(c,)`; NaN for a rank that does not switch
+    on within the records."""
     ts = np.asarray(ts, np.float64)
     W = np.asarray(factors, np.float64)
     times = np.asarray(switch_times, np.float64)
@@ -247,17 +253,20 @@ def expected_shifts(
     v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
     gap = np.asarray(gap, np.float64)
     grad_quad = np.asarray(grad_quad, np.float64)
+    flow = (
+        None
+        if generator is None
+        else _carry_back(ts, learning_rate, np.asarray(generator, np.float64))
+    )
     for k in range(c):
         T = times[k]
         j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
         if not (np.isfinite(T) and T > 0 and j >= 2):
             continue
-        # the mode as it switches on, u_k(T), less its parts along the larger
-        # modes u_i(t) (i < k) at each record: before T the k-th eigenvector
-        # by rank still mixes in the modes that switch on later
-        P = U[:j, :, :k]
-        e = U[j - 1, :, k][None] - np.einsum("rpi,rqi,q->rp", P, P, U[j - 1, :, k])
-        e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-300)
+        # the direction that becomes the mode as it switches on, u_k(T): before
+        # T the k-th eigenvector by rank still mixes in modes that switch on
+        # later, and a feed on those does not reach the k-th switch-on
+        e = _directions(U[:j, :, :k], U[j - 1, :, k], flow)
         x = np.einsum("rpm,rp->rm", W[:j], e)  # its pattern, |x|^2 its amplitude
         a2 = np.maximum(np.sum(x * x, -1), np.finfo(np.float64).tiny)
         s = -learning_rate * np.einsum("rpm,rp->rm", gap[:j], e)
@@ -282,6 +291,35 @@ def expected_shifts(
         rho = float(np.sum((x[-1] / np.sqrt(a2[-1]) + D) ** 2))
         out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
     return out
+
+
+def _carry_back(ts, learning_rate, G) -> np.ndarray:
+    r"""The quadratic form's flow of a small mode between consecutive records,
+    $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ with $\bar G_i$ the mean of
+    `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
+    records, shape `(R - 1, p, p)`, symmetric."""
+    mu, V = np.linalg.eigh(0.5 * (G[1:] + G[:-1]))
+    step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
+    return np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
+
+
+def _directions(P, u, flow) -> np.ndarray:
+    r"""The direction at each of `j` records that becomes the switching-on
+    mode `u` (shape `(p,)`) at the last one, less its parts along the larger
+    modes there (the columns of `P[i]`, shape `(j, p, k)`), shape `(j, p)`:
+    carried back by the quadratic form's flow of a small mode (`flow`, the
+    `_carry_back` of the records), $\psi(t) = \Phi(T, t)^\top u$; without
+    `flow`, `u` itself."""
+    j = P.shape[0]
+    e = np.empty((j, u.shape[0]))
+    psi = u
+    for i in range(j - 1, -1, -1):
+        if flow is not None and i < j - 1:
+            psi = flow[i] @ psi
+        psi = psi - P[i] @ (P[i].T @ psi)
+        psi = psi / max(float(np.linalg.norm(psi)), 1e-300)
+        e[i] = psi
+    return e
 
 
 def leading_order_validity(
@@ -356,7 +394,7 @@ def leading_order_validity(
             raise ValueError(
                 f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
             )
-        delta, quad, gap, grad = _gradient_gap(
+        delta, quad, gap, grad, G = _gradient_gap(
             structure, xs, ys, factors.astype(xs.dtype)
         )
     else:
@@ -374,7 +412,9 @@ def leading_order_validity(
             if switch_times is None
             else np.asarray(switch_times, np.float64).reshape(-1)
         )
-        shift = expected_shifts(ts, factors, gap, grad, float(learning_rate), times)
+        shift = expected_shifts(
+            ts, factors, gap, grad, float(learning_rate), times, generator=G
+        )
         breaks_at, verdict = _shift_verdict(ts, times, shift, tolerance, lag)
     return Validity(
         ts=jnp.asarray(ts),
