@@ -19,16 +19,21 @@ relation with the prediction's error.
 
 What moves a prediction is accumulated, not instantaneous: once a mode is
 learned, the real layer's higher orders *feed* the modes still waiting to
-switch on. Along the trajectory, with $u_k(t)$ the $k$-th eigenvector of
-$M(t)$, $\lambda_k$ its eigenvalue, $v_k = W^\top u_k$ (so $|v_k|^2 =
-\lambda_k$) and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
-difference of the loss gradients at $W(t)$, the leading order lets $v_k$ grow
-by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top u_k$
-per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn
-a learned mode toward $u_k$, and it turns back). Carried to the switch-on
-$T_k$ at the predicted growth, the higher orders change the mode's amplitude
-by the factor $\rho_k = |\hat v_k(T_k) + D_k|^2$,
-$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{\lambda_k}\,dt$, which moves the
+switch on. Along the trajectory, let $u_k$ be the $k$-th eigenvector of $M$
+at the $k$-th switch-on $T_k$ and $\psi_k(t) = \Phi(T_k, t)^\top u_k$ the
+direction that the quadratic form's flow of a small mode,
+$\dot W = -2\eta\,G(t) W$ ($\nabla_W L_{\rm quad} = 2 G W$), carries into it,
+less its parts along the larger modes $u_j(t)$, $j < k$ (before $T_k$ the
+$k$-th eigenvector by rank still mixes in modes that switch on later); let
+$x_k = W^\top \psi_k$ be its pattern over the units, $a_k = |x_k|^2$ its
+amplitude, and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
+difference of the loss gradients at $W(t)$. The leading order lets $x_k$ grow
+by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top \psi_k$
+per step, less its parts along the larger modes' $v_j = W^\top u_j$ ($j < k$:
+those turn a learned mode toward $\psi_k$, and it turns back). Carried to the
+switch-on at the predicted growth, the higher orders change the mode's
+amplitude by the factor $\rho_k = |\hat x_k(T_k) + D_k|^2$,
+$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{a_k}\,dt$, which moves the
 switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth rate $r_k$; the
 weight $w_k = r_k / r_k(t)$ (at most 4) after the previous switch-on, while the
 mode's rate $r_k(t)$ falls as it saturates, 1 before. The *expected shift* is
