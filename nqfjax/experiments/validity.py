@@ -252,7 +252,7 @@ def expected_shifts(
     out = np.full(times.shape[0], np.nan)
     if c == 0 or ts.shape[0] < 2:
         return out
-    lam, U = np.linalg.eigh(W @ np.swapaxes(W, 1, 2))
+    lam, U = _eigh(W @ np.swapaxes(W, 1, 2))
     lam = np.maximum(lam[:, ::-1][:, :c], np.finfo(np.float64).tiny)
     U = U[:, :, ::-1][:, :, :c]
     v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
@@ -298,12 +298,27 @@ def expected_shifts(
     return out
 
 
+_xla_eigh = jax.jit(jnp.linalg.eigh)
+
+
+def _eigh(A) -> tuple[np.ndarray, np.ndarray]:
+    """`np.linalg.eigh` of a batch of small symmetric matrices, by XLA when it
+    computes in float64: right after a JAX computation, LAPACK's threads wait
+    on XLA's (measured: 0.7 s instead of 5 ms for 45 matrices of size 32 on
+    two cores)."""
+    A = np.asarray(A, np.float64)
+    if not jax.config.jax_enable_x64:
+        return np.linalg.eigh(A)
+    lam, U = _xla_eigh(jnp.asarray(A))
+    return np.asarray(lam), np.asarray(U)
+
+
 def _carry_back(ts, learning_rate, G) -> np.ndarray:
     r"""The quadratic form's flow of a small mode between consecutive records,
     $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ with $\bar G_i$ the mean of
     `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
     records, shape `(R - 1, p, p)`, symmetric."""
-    mu, V = np.linalg.eigh(0.5 * (G[1:] + G[:-1]))
+    mu, V = _eigh(0.5 * (G[1:] + G[:-1]))
     step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
     return np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
 
