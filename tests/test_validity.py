@@ -262,10 +262,10 @@ def test_validity_calibration_quick(tmp_path):
     teacher logits are of order one. The flags are the issue's criteria (a row
     within 2% never flagged, a row off by more than 5% always); the perceptron's
     expected shifts follow its measured errors switch-on by switch-on (measured
-    +0.62/+1.70% against +0.75/+1.80%; +0.37/-16.8% against +0.29/-18.1%)
+    +0.62/+1.72% against +0.75/+1.80%; +0.37/-17.0% against +0.29/-18.1%)
     within 2 points, the accuracy of a first-order estimate of an 18% effect;
     the QK head is off by 13% and flagged, its largest expected shift of the
-    measured sign (-15.6% against -13.1%)."""
+    measured sign (-14.1% against -13.1%)."""
     import json
     import os
     import subprocess
@@ -298,3 +298,65 @@ def test_validity_calibration_quick(tmp_path):
     crit = result["criteria"]
     assert not crit["off_by_more_than_5pc_unflagged"]
     assert not crit["within_2pc_flagged"]
+
+
+def test_direction_carried_back_is_the_flow():
+    """The direction that becomes a mode `u` at the last record, carried back
+    by the quadratic form's flow of a small mode (`dW/dt = -2 eta G W`): with a
+    constant symmetric `G` and no larger mode, psi(t) is `expm(-2 eta G (T -
+    t)) u`, normalised (scipy's matrix exponential; float64, 1e-10 relative
+    over records up to `r T = 14` of growth); a larger mode is removed at
+    every record."""
+    from scipy.linalg import expm
+
+    from nqfjax.experiments.validity import _carry_back, _directions
+
+    rng = np.random.default_rng(7)
+    p, eta = 4, 0.1
+    A = rng.standard_normal((p, p))
+    G = -0.05 * (A @ A.T) / p
+    ts = np.concatenate([[0.0], np.geomspace(1.0, 400.0, 9)])
+    u = np.linalg.qr(rng.standard_normal((p, 1)))[0][:, 0]
+    flow = _carry_back(ts, eta, np.broadcast_to(G, (ts.size, p, p)))
+    psi = _directions(np.zeros((ts.size, p, 0)), u, flow)
+    for t, got in zip(ts, psi):
+        ref = expm(-2 * eta * G * (ts[-1] - t)) @ u
+        np.testing.assert_allclose(got, ref / np.linalg.norm(ref), rtol=1e-10)
+    P = np.broadcast_to(np.eye(p)[:, :1], (ts.size, p, 1))
+    psi = _directions(P, u, flow)
+    assert np.max(np.abs(psi[:, 0])) < 1e-12
+    np.testing.assert_allclose(np.linalg.norm(psi, axis=1), 1.0, rtol=1e-12)
+
+
+@pytest.mark.slow  # predicts and trains one row of the calibration, ~45 s
+def test_conv1d_third_switch_on_against_the_trained_network():
+    """`Conv1D` on 200 MNIST-1D signals (the one-vs-rest target of digit 2, init
+    1e-3, width 64, the fastest growth rate 0.01 per step), the row of
+    `benchmarks/validity_calibration.py` whose third switch-on the verdict used
+    to over-estimate (expected -3.9%, measured -0.8%: the feed was counted on
+    the third eigenvector by rank, which before the switch-on still mixes in
+    the fourth and fifth modes, fed more). Counted on the direction that
+    becomes the third mode, the expected shift is within 2 points of the real
+    network's measured error (measured 2026-12-04: -2.3% against -0.8%; the
+    first two +0.3% against +0.3%, +0.4%), and the row, within 2%, is not
+    flagged."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from predict_agreement import mnist1d_one_class
+
+    from nqfjax.experiments.predict_file import default_hyperparameters
+
+    xs, ys = mnist1d_one_class(200)
+    conv = nqfjax.Conv1D(length=40, kernel_size=5, stride=5)
+    eta, num_steps = default_hyperparameters(conv, xs, ys, 1e-3)
+    kw = dict(init_scale=1e-3, learning_rate=eta, width=64, key=jax.random.key(0))
+    pred = nqfjax.predict(conv, xs, ys, num_steps=num_steps, **kw)
+    record = [int(t) for t in np.asarray(pred.ts)]
+    trained = nqfjax.train(conv, xs, ys, num_steps=num_steps, record_at=record, **kw)
+    errors = np.asarray(nqfjax.agreement(pred, trained).time_errors)[:3]
+    shift = np.asarray(pred.validity.expected_shift)[:3]
+    assert np.max(np.abs(errors)) < 0.02
+    np.testing.assert_allclose(shift, errors, atol=0.02)
+    assert pred.validity.breaks_at > float(pred.switch_times[2])

@@ -19,16 +19,21 @@ relation with the prediction's error.
 
 What moves a prediction is accumulated, not instantaneous: once a mode is
 learned, the real layer's higher orders *feed* the modes still waiting to
-switch on. Along the trajectory, with $u_k(t)$ the $k$-th eigenvector of
-$M(t)$, $\lambda_k$ its eigenvalue, $v_k = W^\top u_k$ (so $|v_k|^2 =
-\lambda_k$) and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
-difference of the loss gradients at $W(t)$, the leading order lets $v_k$ grow
-by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top u_k$
-per step, less its parts along the larger modes' $v_j$ ($j < k$: those turn
-a learned mode toward $u_k$, and it turns back). Carried to the switch-on
-$T_k$ at the predicted growth, the higher orders change the mode's amplitude
-by the factor $\rho_k = |\hat v_k(T_k) + D_k|^2$,
-$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{\lambda_k}\,dt$, which moves the
+switch on. Along the trajectory, let $u_k$ be the $k$-th eigenvector of $M$
+at the $k$-th switch-on $T_k$ and $\psi_k(t) = \Phi(T_k, t)^\top u_k$ the
+direction that the quadratic form's flow of a small mode,
+$\dot W = -2\eta\,G(t) W$ ($\nabla_W L_{\rm quad} = 2 G W$), carries into it,
+less its parts along the larger modes $u_j(t)$, $j < k$ (before $T_k$ the
+$k$-th eigenvector by rank still mixes in modes that switch on later); let
+$x_k = W^\top \psi_k$ be its pattern over the units, $a_k = |x_k|^2$ its
+amplitude, and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
+difference of the loss gradients at $W(t)$. The leading order lets $x_k$ grow
+by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top \psi_k$
+per step, less its parts along the larger modes' $v_j = W^\top u_j$ ($j < k$:
+those turn a learned mode toward $\psi_k$, and it turns back). Carried to the
+switch-on at the predicted growth, the higher orders change the mode's
+amplitude by the factor $\rho_k = |\hat x_k(T_k) + D_k|^2$,
+$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{a_k}\,dt$, which moves the
 switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth rate $r_k$; the
 weight $w_k = r_k / r_k(t)$ (at most 4) after the previous switch-on, while the
 mode's rate $r_k(t)$ falls as it saturates, 1 before. The *expected shift* is
@@ -199,7 +204,9 @@ def _gradient_gap(structure, xs, ys, Ws):
     layer's departure and of its quadratic part (as `_departures`), shapes
     `(R,)`; the real layer's loss gradient less its quadratic form's,
     $\delta g$, and the quadratic form's, shapes `(R, p, m)`; the loss
-    $\frac{1}{2n}\sum_x |f(x) - y|^2$. One forward pass of each per record."""
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$; the quadratic form's in closed form,
+    $\frac{2}{n}\sum_x (f_{\rm quad}(x) - y) A(x) W$ (`weighted_apply`). One
+    forward and backward pass of the real layer per record."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n = xs.shape[0]
@@ -208,12 +215,14 @@ def _gradient_gap(structure, xs, ys, Ws):
         f, pull_real = jax.vjp(
             lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
         )
-        quad, pull_quad = jax.vjp(lambda W: structure.contract_factor(xs, W), W)
+        quad = structure.contract_factor(xs, W)
         (g_real,) = pull_real((f - ys) / n)
-        (g_quad,) = pull_quad((f0 + quad - ys) / n)
+        # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile
+        G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
+        g_quad = 2.0 * G @ W
         delta = f - f0 - quad
         norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
-        return *norms, g_real - g_quad, g_quad
+        return *norms, g_real - g_quad, g_quad, G
 
     return jax.lax.map(one, Ws)
 
@@ -225,12 +234,17 @@ def expected_shifts(
     grad_quad: Float[ArrayLike, "R p m"],
     learning_rate: float,
     switch_times: Float[ArrayLike, " c"],
+    generator: Float[ArrayLike, "R p p"] | None = None,
 ) -> Float[np.ndarray, " c"]:
     r"""$\epsilon_k$ of the module (the expected relative error of the `k`-th
     switch-on time) from the weights `factors`, the gradient gap $\delta g$
     and the quadratic form's gradient at the records `ts`, for the switch-ons
-    `switch_times` (by rank, in time order). Float64 numpy, shape `(c,)`; NaN
-    for a rank that does not switch on within the records."""
+    `switch_times` (by rank, in time order); with `generator` (shape
+    `(R, p, p)`, $G$ with $\nabla_W L_{\rm quad} = 2 G W$ at the records) the
+    feed is counted on the direction that the quadratic form's flow carries
+    into the mode at its switch-on, without it on that mode's eigenvector
+    itself. Float64 numpy, shape `(c,)`; NaN for a rank that does not switch
+    on within the records."""
     ts = np.asarray(ts, np.float64)
     W = np.asarray(factors, np.float64)
     times = np.asarray(switch_times, np.float64)
@@ -238,38 +252,94 @@ def expected_shifts(
     out = np.full(times.shape[0], np.nan)
     if c == 0 or ts.shape[0] < 2:
         return out
-    lam, U = np.linalg.eigh(W @ np.swapaxes(W, 1, 2))
+    lam, U = _eigh(W @ np.swapaxes(W, 1, 2))
     lam = np.maximum(lam[:, ::-1][:, :c], np.finfo(np.float64).tiny)
     U = U[:, :, ::-1][:, :, :c]
     v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
-    s = -learning_rate * np.einsum("rpm,rpk->rkm", np.asarray(gap, np.float64), U)
-    g = np.einsum("rpm,rpk->rkm", np.asarray(grad_quad, np.float64), U)
-    rate = -2.0 * learning_rate * np.sum(g * v, -1) / lam  # d ln(lambda_k)/dt
-    # the feed along a larger mode's pattern v_j (j < k; the v are orthogonal)
-    # only turns that learned mode toward u_k, and it turns back: not a feed
-    along = np.einsum("rkm,rjm->rkj", s, v) / lam[:, None, :]
-    s = s - np.einsum("rkj,rjm->rkm", np.tril(along, -1), v)
+    gap = np.asarray(gap, np.float64)
+    grad_quad = np.asarray(grad_quad, np.float64)
+    flow = (
+        None
+        if generator is None
+        else _carry_back(ts, learning_rate, np.asarray(generator, np.float64))
+    )
     for k in range(c):
         T = times[k]
         j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
         if not (np.isfinite(T) and T > 0 and j >= 2):
             continue
+        # the direction that becomes the mode as it switches on, u_k(T): before
+        # T the k-th eigenvector by rank still mixes in modes that switch on
+        # later, and a feed on those does not reach the k-th switch-on
+        e = _directions(U[:j, :, :k], U[j - 1, :, k], flow)
+        x = np.einsum("rpm,rp->rm", W[:j], e)  # its pattern, |x|^2 its amplitude
+        a2 = np.maximum(np.sum(x * x, -1), np.finfo(np.float64).tiny)
+        s = -learning_rate * np.einsum("rpm,rp->rm", gap[:j], e)
+        g = np.einsum("rpm,rp->rm", grad_quad[:j], e)
+        rate = -2.0 * learning_rate * np.sum(g * x, -1) / a2  # d ln(a2)/dt
+        # the feed along a larger mode's pattern v_i (i < k; the v are
+        # orthogonal) only turns that learned mode toward e, and it turns
+        # back: not a feed
+        along = np.einsum("rm,rim->ri", s, v[:j, :k]) / lam[:j, :k]
+        s = s - np.einsum("ri,rim->rm", along, v[:j, :k])
         start = times[k - 1] if k and np.isfinite(times[k - 1]) else ts[0]
-        window = (ts >= start) & (ts <= T)
-        r = float(np.max(rate[window | (np.arange(ts.shape[0]) == j - 1), k]))
+        after = ts[:j] >= start
+        r = float(np.max(rate[after | (np.arange(j) == j - 1)]))
         if not r > 0:
             continue
-        ref = v[j - 1, k]
-        sign = np.where(v[:j, k] @ ref < 0, -1.0, 1.0)
         # a feed while the mode saturates (after the previous switch-on, its
         # rate below r) moves the switch-on by r / rate(t) times more
-        gain = np.where(ts[:j] >= start, r / np.clip(rate[:j, k], r / 4.0, r), 1.0)
-        fed = s[:j, k] * (sign * gain / np.sqrt(lam[:j, k]))[:, None]
+        gain = np.where(after, r / np.clip(rate, r / 4.0, r), 1.0)
+        fed = s * (gain / np.sqrt(a2))[:, None]
         D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
         D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
-        rho = float(np.sum((ref / np.linalg.norm(ref) + D) ** 2))
+        rho = float(np.sum((x[-1] / np.sqrt(a2[-1]) + D) ** 2))
         out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
     return out
+
+
+_xla_eigh = jax.jit(jnp.linalg.eigh)
+
+
+def _eigh(A) -> tuple[np.ndarray, np.ndarray]:
+    """`np.linalg.eigh` of a batch of small symmetric matrices, by XLA when it
+    computes in float64: right after a JAX computation, LAPACK's threads wait
+    on XLA's (measured: 0.7 s instead of 5 ms for 45 matrices of size 32 on
+    two cores)."""
+    A = np.asarray(A, np.float64)
+    if not jax.config.jax_enable_x64:
+        return np.linalg.eigh(A)
+    lam, U = _xla_eigh(jnp.asarray(A))
+    return np.asarray(lam), np.asarray(U)
+
+
+def _carry_back(ts, learning_rate, G) -> np.ndarray:
+    r"""The quadratic form's flow of a small mode between consecutive records,
+    $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ with $\bar G_i$ the mean of
+    `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
+    records, shape `(R - 1, p, p)`, symmetric."""
+    mu, V = _eigh(0.5 * (G[1:] + G[:-1]))
+    step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
+    return np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
+
+
+def _directions(P, u, flow) -> np.ndarray:
+    r"""The direction at each of `j` records that becomes the switching-on
+    mode `u` (shape `(p,)`) at the last one, less its parts along the larger
+    modes there (the columns of `P[i]`, shape `(j, p, k)`), shape `(j, p)`:
+    carried back by the quadratic form's flow of a small mode (`flow`, the
+    `_carry_back` of the records), $\psi(t) = \Phi(T, t)^\top u$; without
+    `flow`, `u` itself."""
+    j = P.shape[0]
+    e = np.empty((j, u.shape[0]))
+    psi = u
+    for i in range(j - 1, -1, -1):
+        if flow is not None and i < j - 1:
+            psi = flow[i] @ psi
+        psi = psi - P[i] @ (P[i].T @ psi)
+        psi = psi / max(float(np.linalg.norm(psi)), 1e-300)
+        e[i] = psi
+    return e
 
 
 def leading_order_validity(
@@ -344,7 +414,7 @@ def leading_order_validity(
             raise ValueError(
                 f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
             )
-        delta, quad, gap, grad = _gradient_gap(
+        delta, quad, gap, grad, G = _gradient_gap(
             structure, xs, ys, factors.astype(xs.dtype)
         )
     else:
@@ -362,7 +432,9 @@ def leading_order_validity(
             if switch_times is None
             else np.asarray(switch_times, np.float64).reshape(-1)
         )
-        shift = expected_shifts(ts, factors, gap, grad, float(learning_rate), times)
+        shift = expected_shifts(
+            ts, factors, gap, grad, float(learning_rate), times, generator=G
+        )
         breaks_at, verdict = _shift_verdict(ts, times, shift, tolerance, lag)
     return Validity(
         ts=jnp.asarray(ts),
