@@ -104,44 +104,12 @@ def test_tail_fit_recovers_a_power_law_with_a_floor_and_bad_model():
         nqfjax.forecast(t, np.exp(ly), 1e4, model="bogus")
 
 
-def test_refine_tail_fits_between_the_grid_points():
-    """`refine_tail` (Levenberg-Marquardt from the grid's best point): clean
-    curves `L_inf + c (t + t0)^-gamma` whose floor and shift lie between the
-    grid's points, over 1.5 decades (the later half of a prefix), refitted to
-    1e-6 in `log L` (the grid misses by up to 0.012) with the floor, shift and
-    exponent recovered to 1e-4 (float64 least squares on exact data), and on
-    20 seeded noisy copies (1% noise) never worse than the grid: the
-    refinement only keeps a lower misfit."""
-    from nqfjax.analysis.continuations import _tail_at, refine_tail, tail_fit
-
-    t = np.geomspace(30, 1e3, 40)
-    rng = np.random.default_rng(0)
-    for floor, t0, gamma in [(0.013, 47.0, 0.83), (0.0021, 310.0, 1.9)]:
-        ly = np.log(floor + 3.0 * (t + t0) ** -gamma)
-        grid = tail_fit(t, ly, shifts=True)
-        fit = refine_tail(t, ly, grid)
-        assert np.max(np.abs(_tail_at(fit, t) - ly)) < 1e-6
-        np.testing.assert_allclose(
-            [fit[0], fit[1], fit[3]], [floor, t0, gamma], rtol=1e-4
-        )
-        for _ in range(20):
-            noisy = ly + 0.01 * rng.standard_normal(t.size)
-            grid = tail_fit(t, noisy, shifts=True)
-            misfit = [
-                np.sum((_tail_at(f, t) - noisy) ** 2)
-                for f in (grid, refine_tail(t, noisy, grid))
-            ]
-            assert misfit[1] <= misfit[0]
-
-
-#: Measured on the eleven development runs (2026-12-04, with the power law's
-#: refined fit and the spectrum's own error only in its share of the band):
-#: forecast and band better than both baselines on 6 (iris, wine, breast
-#: cancer, MNIST-1D GD; digits, wine Adam; MNIST-1D GD by 0.001 in error and
-#: 0.005 in score), pooled coverage 91%. The issue's bar asks for five wins
-#: out of six runs or more: this is six out of eleven. The held-out runs
-#: (`record_runs.HELD_OUT`) are measured by `forecast_runs.py --held-out`.
-BOTH_WON, COVERAGE = 6, (0.8, 0.98)
+#: Measured on the eleven runs (the first eight chose the band's factor, the
+#: last three were held out): forecast and band better than both baselines on
+#: 5 (iris, wine, breast cancer GD; digits, wine Adam), pooled coverage 91%.
+#: The issue's bar asks for five wins out of six runs or more: this is five
+#: out of eleven.
+BOTH_WON, COVERAGE = 5, (0.8, 0.98)
 
 
 @pytest.mark.slow  # every recorded run forecast with its backtest (~3 minutes)

@@ -6,8 +6,7 @@ the backtest that chooses among them and sizes the band (numpy only).
   forecast's horizon (a settled tail continued as a tail);
 - the power law: $L_\infty + c\,(t + t_0)^{-\gamma}$ fitted to the later half
   of the prefix in `log t` (a large `t0` bends it towards an exponential
-  approach to the floor), from the best point of a grid refined by
-  Levenberg-Marquardt in all four parameters (`refine_tail`);
+  approach to the floor);
 - the flat continuation: the last value kept.
 
 The backtest forecasts the prefix from earlier origins $T_b = T e^{-f X}$ (`X`
@@ -62,58 +61,6 @@ def tail_fit(
     return float(f[best]), float(s[best]), float(log_c[best]), float(gamma[best])
 
 
-def _refine_curve(th, t):
-    r"""`(log L, Jacobian)` at `t` of $\log(e^{\theta_0} + e^{\theta_2}
-    (t + e^{\theta_1})^{-\theta_3})$, shapes `(T,)` and `(T, 4)`."""
-    shift = np.exp(th[1])
-    lt = np.log(t + shift)
-    u = th[2] - th[3] * lt
-    share = 1 / (1 + np.exp(np.clip(th[0] - u, -700, 700)))  # the power law's
-    jac = np.column_stack(
-        [1 - share, -share * th[3] * shift / (t + shift), share, -share * lt]
-    )
-    return np.logaddexp(th[0], u), jac
-
-
-def refine_tail(
-    t: np.ndarray, ly: np.ndarray, fit: tuple[float, float, float, float]
-) -> tuple[float, float, float, float]:
-    r"""`tail_fit`'s `(floor, t0, log c, gamma)` refined by Levenberg-Marquardt
-    on the squared misfit of $\log L$, in $(\log L_\infty, \log t_0, \log c,
-    \gamma)$ (a zero floor or shift starts at a thousandth of the lowest loss
-    or of the last time); the grid's point where the refinement does not
-    lower the misfit (the grid's floors and shifts are a few per decade: a
-    curve between them is fitted no better than to a few hundredths)."""
-    floor, t0, log_c, gamma = fit
-    low = float(np.exp(np.min(ly)))
-    th = np.array(
-        [np.log(max(floor, 1e-3 * low)), np.log(max(t0, 1e-3 * t[-1])), log_c, gamma]
-    )
-    res, jac = _refine_curve(th, t)
-    res = res - ly
-    damping = 1e-3
-    for _ in range(1000):
-        normal = jac.T @ jac
-        step = np.linalg.solve(
-            normal + damping * np.diag(np.diag(normal) + 1e-12), -jac.T @ res
-        )
-        trial_res, trial_jac = _refine_curve(th + step, t)
-        trial_res = trial_res - ly
-        if np.all(np.isfinite(trial_res)) and trial_res @ trial_res < res @ res:
-            converged = res @ res - trial_res @ trial_res < 1e-12 * (1 + res @ res)
-            th, res, jac, damping = th + step, trial_res, trial_jac, damping / 3
-            if converged:
-                break
-        else:
-            damping *= 10
-            if damping > 1e10:
-                break
-    grid = _tail_at(fit, t) - ly
-    if not res @ res < grid @ grid:
-        return fit
-    return float(np.exp(th[0])), float(np.exp(th[1])), float(th[2]), float(th[3])
-
-
 def _tail_at(fit, at):
     floor, t0, log_c, gamma = fit
     return np.logaddexp(np.log(max(floor, 1e-300)), log_c - gamma * np.log(at + t0))
@@ -137,8 +84,7 @@ def power_law_curve(t, ly, use, origin: float, horizon: float, at) -> np.ndarray
     half = idx[lt >= 0.5 * (lt[0] + lt[-1])]
     if half.size < MIN_POINTS:
         half = idx[-MIN_POINTS:]
-    fit = tail_fit(t[half], ly[half], shifts=True)
-    return _tail_at(refine_tail(t[half], ly[half], fit), at)
+    return _tail_at(tail_fit(t[half], ly[half], shifts=True), at)
 
 
 def flat_curve(t, ly, use, origin: float, horizon: float, at) -> np.ndarray:

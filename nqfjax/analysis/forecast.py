@@ -38,9 +38,8 @@ from .continuations import (
 from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
 
 
-#: The spectrum's own error in `log L` that the band allows for, in
-#: proportion to the spectrum's weight: the continuum of modes beyond `p` is
-#: accurate to about 1% (`fit_spectrum`).
+#: The model's own error in `log L` that the band always allows for: the
+#: continuum of modes beyond `p` is accurate to about 1% (`fit_spectrum`).
 _MODEL_ERROR = 0.02
 
 #: The band at 90% spans this many times the rms backtest error (scaled to the
@@ -68,8 +67,7 @@ class Forecast(eqx.Module):
       each moved to pass through the last observed value.
     - `lower`, `upper`: the band, shape `(F,)`: the forecast divided and
       multiplied by `e^w`, `w` three times the rms backtest error scaled to
-      the horizon (see `forecast`) plus the spectrum's weight times 2% (its
-      own error) or its rms misfit on the prefix, whichever is larger, at
+      the horizon (see `forecast`) plus 2% (the model's own error), at
       `level = 0.9`; the spectrum alone reaches down to itself without its
       floor. For a prefix too short for a backtest, the spectrum's own band
       (the central `level` of parameter draws and of refits on shortened
@@ -240,10 +238,7 @@ def forecast(
     backtest error over the origins at each relative horizon, scaled to the
     full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
     the normal quantile otherwise; the factor chosen on recorded training
-    runs, see the how-to on loss curves), plus the spectrum's weight times
-    the larger of 2% (the continuum's own error) and its rms misfit on the
-    prefix (a forecast without a backtest and not the spectrum's: 2%); for
-    the spectrum alone it
+    runs, see the how-to on loss curves), plus 2%; for the spectrum alone it
     reaches down to the spectrum without its floor (a floor below the
     observed losses is not seen by the prefix). Without a backtest (a prefix
     too short, or a horizon too long) the spectrum is kept with its own band:
@@ -303,10 +298,8 @@ def forecast(
         t, y, ly, use, until, grid, centre, fit, model, level
     )
     chosen = max(weights, key=lambda pair: pair[1])[0]
-    # the spectrum's own error, in proportion to its share of the forecast
-    widen = dict(weights).get("spectrum", 0.0) * max(float(rms), _MODEL_ERROR)
     if half is None and chosen != "spectrum":
-        half, widen = np.zeros(grid.shape), _MODEL_ERROR
+        half = np.zeros(grid.shape)
     if half is None:  # no backtest: the fit's own band
         lower, upper = _band(
             theta,
@@ -326,6 +319,7 @@ def forecast(
             key,
         )
     else:
+        widen = max(float(rms) if chosen == "spectrum" else 0.0, _MODEL_ERROR)
         low = centre - half
         if dict(weights).get("spectrum") == 1.0:
             # the spectrum alone: down to itself without its floor
