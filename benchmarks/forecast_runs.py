@@ -20,7 +20,8 @@ Against two naive baselines, scored the same way:
   `log t` and continued, with a band from its parameters' uncertainty and its
   misfit (`baseline_power_law`).
 
-    python benchmarks/forecast_runs.py               # every run
+    python benchmarks/forecast_runs.py               # the development runs
+    python benchmarks/forecast_runs.py --held-out    # the held-out runs
     python benchmarks/forecast_runs.py iris_gd ...   # just these
 """
 
@@ -55,13 +56,14 @@ def load_run(name: str) -> tuple[np.ndarray, np.ndarray]:
     return curve.ts, curve.loss
 
 
-def run_names() -> list[str]:
-    """The runs `record_runs.py` records (the folder also holds the staircase
-    runs of `examples/runs/record.py`, which sit on their last plateau from
-    30% of their steps on)."""
-    from record_runs import RUNS as RECORDED
+def run_names(held_out: bool = False) -> list[str]:
+    """The runs `record_runs.py` records: those the forecast was developed on,
+    or with `held_out` those kept from its development (the folder also holds
+    the staircase runs of `examples/runs/record.py`, which sit on their last
+    plateau from 30% of their steps on)."""
+    from record_runs import HELD_OUT, RUNS as RECORDED
 
-    return sorted(RECORDED)
+    return sorted(HELD_OUT if held_out else RECORDED)
 
 
 def interval_score(lower, upper, truth, level: float = LEVEL) -> float:
@@ -167,7 +169,8 @@ def wins(result: dict) -> tuple[bool, bool]:
 
 
 def main(names):
-    names = names or run_names()
+    held_out = "--held-out" in names
+    names = [n for n in names if n != "--held-out"] or run_names(held_out)
     print(
         f"{'run':18s} {'model':9s} {'s':>5s}  "
         + "  ".join(f"{m + ' err/IS/cov':>22s}" for m in METHODS)

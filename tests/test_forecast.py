@@ -104,26 +104,31 @@ def test_tail_fit_recovers_a_power_law_with_a_floor_and_bad_model():
         nqfjax.forecast(t, np.exp(ly), 1e4, model="bogus")
 
 
-#: Measured on the eleven runs (the first eight chose the band's factor, the
-#: last three were held out): forecast and band better than both baselines on
-#: 5 (iris, wine, breast cancer GD; digits, wine Adam), pooled coverage 91%.
-#: The issue's bar asks for five wins out of six runs or more: this is five
-#: out of eleven.
-BOTH_WON, COVERAGE = 5, (0.8, 0.98)
+#: Measured on the eleven development runs (the first eight chose the band's
+#: factor, the next three were held out until then): forecast and band better
+#: than both baselines on 5 (iris, wine, breast cancer GD; digits, wine Adam),
+#: pooled coverage 91%; on the six runs held out since (`record_runs.HELD_OUT`,
+#: forecast once, 2026-12-04): on 3 (digits with momentum, the wider digits
+#: perceptron, wine with warm-up), pooled coverage 86%. The issue's bar asks
+#: for five wins out of six runs or more: neither set meets it.
+BOTH_WON = {False: 5, True: 3}
+COVERAGE = (0.8, 0.98)
 
 
 @pytest.mark.slow  # every recorded run forecast with its backtest (~3 minutes)
-def test_forecast_recorded_runs_against_naive_baselines():
+@pytest.mark.parametrize("held_out", [False, True])
+def test_forecast_recorded_runs_against_naive_baselines(held_out):
     """Issue 29's bar on the runs of examples/runs (benchmarks/forecast_runs.py):
     each forecast from its first 30% of steps to its end, against keeping the
-    last value and a power law with a floor fitted to the prefix."""
+    last value and a power law with a floor fitted to the prefix; the runs
+    the forecast was developed on, and those held out from it."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import forecast_runs
 
-    names = forecast_runs.run_names()
+    names = forecast_runs.run_names(held_out)
     results = {n: forecast_runs.score(*forecast_runs.load_run(n)) for n in names}
     both = [n for n, r in results.items() if all(forecast_runs.wins(r))]
     inside = sum(
@@ -133,6 +138,6 @@ def test_forecast_recorded_runs_against_naive_baselines():
     print(
         f"both won on {len(both)}/{len(names)}: {both}; coverage {inside / total:.2f}"
     )
-    assert len(names) >= 8
-    assert len(both) >= BOTH_WON
+    assert len(names) >= 6
+    assert len(both) >= BOTH_WON[held_out]
     assert COVERAGE[0] <= inside / total <= COVERAGE[1]
