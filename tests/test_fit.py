@@ -492,6 +492,9 @@ def test_select_model_names_the_shape_and_the_runner_up():
         # noiseless curve everywhere
         gap = np.log(np.asarray(chosen.curve(ts))) - np.log(loss)
         assert np.max(np.abs(gap)) < 0.1, (shape, np.max(np.abs(gap)))
+        # the staircase's parameters are its own (`staircase`), not those of
+        # the batch's placeholder row
+        assert (chosen.theta.size == 0) == (shape == "staircase"), chosen.theta
     assert not nqfjax.select_model(ts, np.full_like(ts, 0.2)).best
     # a power law cut off exponentially (no candidate has a cutoff): refused,
     # with the winner's rms, not named

@@ -63,7 +63,8 @@ class ModelSelection(eqx.Module):
       no candidate fitting the 95% of points closest to it to within
       `max(3 noise, 0.1)` in `log L` (`scores` and `rms` are then kept).
     - `theta`: the best model's fitted parameters in the family's scaled
-      coordinates (see `curve`; empty where nothing was selected).
+      coordinates (see `curve`; empty where nothing was selected or the
+      staircase won: its parameters are `staircase`'s).
     - `staircase`: the staircase fitted (a `Staircase`: its plateau `levels`,
       `drop_times`, `widths`, `floor`; `None` where the curve had nothing to
       fit), whichever shape won; and `ambiguous`: what the data cannot tell
@@ -342,6 +343,8 @@ def _score(
             f"{rms[runner]:.3g} against {rms[best]:.3g})"
         )
     i = names.index(best)
+    if best == _NAMES[0]:  # fitted by `fit_staircase`: its row is a placeholder
+        fitted, mask = np.zeros((len(names), 0)), np.zeros((len(names), 0))
     return ModelSelection(
         best,
         runner,
