@@ -30,6 +30,13 @@ def host_curve(ts, loss) -> tuple[np.ndarray, np.ndarray]:
     return t, y
 
 
+def robust_sd(x: np.ndarray) -> float:
+    r"""The standard deviation of `x` from its median absolute deviation,
+    $1.4826\,\mathrm{median}|x - \mathrm{median}\,x|$ (a few outliers,
+    such as the jumps at sharp drops, do not move it)."""
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
 def log_noise(ly: np.ndarray) -> float:
     r"""The scatter of `log L` about a smooth curve: $1.4826\,\mathrm{MAD}$ of the
     second differences over $\sqrt 6$ (white noise of standard deviation
@@ -38,7 +45,7 @@ def log_noise(ly: np.ndarray) -> float:
     if ly.size < 3:
         return 0.0
     d2 = ly[2:] - 2 * ly[1:-1] + ly[:-2]
-    return float(1.4826 * np.median(np.abs(d2 - np.median(d2))) / np.sqrt(6))
+    return robust_sd(d2) / float(np.sqrt(6))
 
 
 def _block_levels(t: np.ndarray, ly: np.ndarray, n_blocks: int = 10):

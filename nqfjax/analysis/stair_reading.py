@@ -216,7 +216,6 @@ def read_plateaus(
     lt, ly = np.log(ts), np.log(loss)
     kept, levels, notes = _kept_drops(stairs, lt, min_drop)
     count = partial(_count, lt)
-    ambiguous = "; ".join(notes)
     if not kept:
         # no drop: one plateau if the curve is flat, none if it falls (a
         # power law)
@@ -232,10 +231,10 @@ def read_plateaus(
                 np.zeros(0),
                 np.zeros(0),
                 0,
-                ambiguous=ambiguous,
+                ambiguous="; ".join(notes),
             )
         reason = "no plateau: no drop stands out of the noise, and the curve falls"
-        return _none(reason, ambiguous, ends_falling=True)
+        return _none(reason, "; ".join(notes), ends_falling=True)
     # stretches: before the first drop, between drops, after the last
     bounds = [lt[0]] + [x for a, b, lo, hi in kept for x in (lo, hi)] + [lt[-1]]
     stretches = list(zip(bounds[0::2], bounds[1::2]))

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._least_squares import huber_numpy, log_noise
+from ._least_squares import huber_numpy, log_noise, robust_sd
 
 
 #: The most drops a staircase has (one compilation for every curve).
@@ -98,8 +98,7 @@ class Staircase(eqx.Module):
         $1.2533\,\sigma/\sqrt{n_\mathrm{eff}}$, $n_\mathrm{eff} = \max(1,
         n (1 - \rho)/(1 + \rho))$ under noise correlated with lag-1
         coefficient `rho`."""
-        n_eff = max(n * (1 - self.rho) / (1 + self.rho), 1.0)
-        return 1.2533 * self.noise / np.sqrt(n_eff)
+        return 1.2533 * self.noise / np.sqrt(_n_eff(n, self.rho))
 
     def modes(self) -> tuple[np.ndarray, np.ndarray]:
         """Each fitted mode's time half done ($g_k = 1/2$) and height `H_k`
@@ -314,11 +313,16 @@ def _starts(lu, y, m):
     return np.array(rows), np.array(masks, float)
 
 
+def _n_eff(n, rho):
+    """The number of independent records among `n` whose noise has lag-1
+    correlation `rho`: `max(1, n (1 - rho)/(1 + rho))`."""
+    return np.maximum(n * (1 - rho) / (1 + rho), 1.0)
+
+
 def _fit_bins(lu, yb, n, m, sigma, rho):
     """Every `K` fitted to the `m` bins under the noise `sigma` with lag-1
     correlation `rho`: the chosen parameters, mask, `K` and the BICs."""
-    n_eff = np.maximum(n * (1 - rho) / (1 + rho), 1)
-    se2 = (1.2533 * sigma) ** 2 / n_eff
+    se2 = (1.2533 * sigma) ** 2 / _n_eff(n, rho)
     w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
     thetas, masks = _starts(lu, yb, m)
     fitted, chi2 = _fit_all(lu[:m], yb[:m], w[:m], thetas, masks)
@@ -350,8 +354,7 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     # the noise about the fit: correlated from one record to the next (the
     # loss of SGD wanders), the second differences see only a part of it
     resid = ly_raw - np.log(l_ref) - _log_model(theta, np.log(t / t_ref), mask)
-    scale = 1.4826 * np.median(np.abs(resid - np.median(resid)))
-    step = 1.4826 * np.median(np.abs(np.diff(resid) - np.median(np.diff(resid))))
+    scale, step = robust_sd(resid), robust_sd(np.diff(resid))
     corr = float(np.clip(1 - step**2 / max(2 * scale**2, 1e-300), 0.0, 0.99))
     if corr > 1 / 3 and scale > max(sigma, _SIGMA_MODEL):  # refit under it
         sigma, rho = float(scale), corr
