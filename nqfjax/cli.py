@@ -37,7 +37,14 @@ Run `nqfjax COMMAND --help` for the options of each command; try
 
 _EPILOG = """\
 exit status: 0 on success, 2 for bad input (a one-line message on stderr),
-130 when interrupted (a sweep resumes where it stopped when rerun)."""
+130 when interrupted (a sweep resumes where it stopped when rerun).
+
+Every command keeps its compiled programs in JAX's persistent compilation
+cache, in $XDG_CACHE_HOME/nqfjax/jax (default ~/.cache/nqfjax/jax), so a second
+run compiles only the programs JAX cannot cache (those holding runtime checks:
+the ODE solves and the vmapped sweep). Set NQFJAX_NO_COMPILATION_CACHE=1 to
+keep nothing; a cache folder of your own (JAX_COMPILATION_CACHE_DIR) is used as
+it is."""
 
 _DEMO = """\
 Train a tanh perceptron with several outputs from a small initialisation
@@ -49,13 +56,7 @@ fitted and predicted exponents), structures.png (the structure matrix of each
 architecture), report.json (every number, the configuration and library
 versions) and report.md (a readable summary embedding the figures). Under a
 minute on two CPU cores (about 30 s once its programs are cached), --quick
-(without the M-space flow) about 14 s of CPU once its programs are cached.
-
-Compiled programs are kept in JAX's persistent compilation cache, in
-$XDG_CACHE_HOME/nqfjax/jax (default ~/.cache/nqfjax/jax), so a second run
-compiles only the programs JAX cannot cache (those holding runtime checks: the
-M-space flow's solve and the vmapped sweep). Set NQFJAX_NO_COMPILATION_CACHE=1 to keep
-nothing; a cache folder of your own (JAX_COMPILATION_CACHE_DIR) is used as it is."""
+(without the M-space flow) about 14 s of CPU once its programs are cached."""
 
 _SWEEP = """\
 Train the real network at every point of a grid of hyperparameters: the full
@@ -248,14 +249,13 @@ def _add_fit_parser(sub) -> None:
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-#: Set to a non-empty value to keep `nqfjax demo` from using the persistent cache.
 NO_CACHE_ENV = "NQFJAX_NO_COMPILATION_CACHE"
 
 
 def compilation_cache_dir(environ=os.environ) -> Path | None:
-    """Where `nqfjax demo` keeps JAX's compilation cache: `$XDG_CACHE_HOME/nqfjax/jax`
-    (default `~/.cache/nqfjax/jax`); `None` when `NQFJAX_NO_COMPILATION_CACHE` is
-    set or JAX already has a cache folder (the user's choice wins)."""
+    """Where `nqfjax` keeps JAX's compilation cache: `$XDG_CACHE_HOME/nqfjax/jax`
+    (default `~/.cache/nqfjax/jax`); `None` when `NQFJAX_NO_COMPILATION_CACHE`
+    is set or JAX already has a cache folder (the user's choice wins)."""
     if environ.get(NO_CACHE_ENV) or jax.config.jax_compilation_cache_dir:
         return None
     base = environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -263,8 +263,8 @@ def compilation_cache_dir(environ=os.environ) -> Path | None:
 
 
 def _enable_compilation_cache() -> None:
-    # Most of a first `demo --quick` is compiling (README); every program is
-    # cached, however quick to compile: the demo's ~200 small ones add up.
+    # most of a first `demo --quick` or `fit --forecast-to` is compiling; every
+    # program is cached, however quick to compile: ~200 small ones add up
     path = compilation_cache_dir()
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", os.fspath(path))
@@ -273,7 +273,6 @@ def _enable_compilation_cache() -> None:
 
 def _demo(args) -> None:
     check_output_dir(args.out, "--out")
-    _enable_compilation_cache()
     # the ~400k objects importing jax leaves live: ~0.4 s of a quick run saved
     gc.freeze()
     result = experiments.run_demo(args.out, quick=args.quick, progress=True)
@@ -580,6 +579,7 @@ def main(argv=None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # the command only writes figures to files
+    _enable_compilation_cache()
     handler = {"demo": _demo, "sweep": _sweep, "fit": _fit, "predict": _predict}[
         args.command
     ]

@@ -501,6 +501,34 @@ def test_demo_compilation_cache_folder(tmp_path):
         jax.config.update("jax_compilation_cache_dir", before)
 
 
+@pytest.mark.slow  # two `nqfjax fit` processes, each importing jax and compiling
+def test_fit_process_keeps_its_programs(tmp_path):
+    """A real `nqfjax fit` process (not this test process, which has its own
+    cache) writes its compiled programs to `$XDG_CACHE_HOME/nqfjax/jax`; a
+    second run, loading them, writes the same summary bit for bit; with
+    `NQFJAX_NO_COMPILATION_CACHE=1` nothing is written."""
+    csv = Path(__file__).parents[1] / "examples" / "power_law_curve.csv"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env |= {"JAX_PLATFORMS": "cpu", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    folder = tmp_path / "cache" / "nqfjax" / "jax"
+
+    def fit(out, **extra):
+        argv = [sys.executable, "-m", "nqfjax.cli", "fit", str(csv), "--out"]
+        argv += [str(tmp_path / out), "--no-spectrum", "--quiet"]
+        done = subprocess.run(argv, env=env | extra, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads((tmp_path / out / "fit.json").read_text())
+
+    first = fit("a")
+    programs = sorted(p.name for p in folder.iterdir())
+    assert len(programs) >= 5, programs  # its fits' programs among them
+    assert fit("b") == first
+    assert sorted(p.name for p in folder.iterdir()) == programs  # all loaded
+    off = {"NQFJAX_NO_COMPILATION_CACHE": "1", "XDG_CACHE_HOME": str(tmp_path / "x")}
+    assert fit("c", **off) == first
+    assert not (tmp_path / "x" / "nqfjax").exists()  # (matplotlib's is there)
+
+
 @pytest.mark.slow  # a long physics check (the slow tier)
 def test_demo_quick_writes_every_file(tmp_path, capsys, monkeypatch):
     # the test process keeps its own compilation settings (no cache in ~/.cache)
