@@ -259,8 +259,8 @@ def read_plateaus(
             # (exact on a flat plateau); else the fitted asymptote (a plateau
             # tilted by its drops' tails)
             inside = (lt >= lo) & (lt <= hi)
-            fitted = np.asarray(stairs.curve(ts[inside]))
-            near = np.abs(np.log(fitted[None] / levels[first[j] : last[j] + 1, None]))
+            fitted = stairs.log_curve(ts[inside])  # float64 whatever JAX's default
+            near = np.abs(fitted[None] - np.log(levels[first[j] : last[j] + 1, None]))
             core = inside.copy()
             core[inside] = max(near < 0.02, key=np.sum)
             if core.sum() >= 3:
@@ -330,15 +330,17 @@ def _flat(stairs, stretches, kept, levels, lt, ly, slope_tol, min_length):
 
 def _crossing(stairs: Staircase, level, lo, hi):
     """`ln t` where the fitted curve crosses `level` between `ln t = lo` and
-    `hi` (widened by half their span; log-linear between grid points)."""
+    `hi` (widened by half their span; linear in `ln L` between grid points).
+    Compared in `ln L`, float64 (`log_curve`; `curve` is float32 under JAX's
+    default and loses a loss below float32's normal range, 1e-38)."""
     pad = 0.5 * (hi - lo) + 1e-6
     grid = np.linspace(lo - pad, hi + pad, 2001)
-    curve = np.asarray(stairs.curve(np.exp(grid)))
-    below = np.flatnonzero(curve <= level)
+    c, target = stairs.log_curve(np.exp(grid)), np.log(level)
+    below = np.flatnonzero(c <= target)
     if below.size == 0:
         return 0.5 * (lo + hi)
     i = below[0]
     if i == 0:
         return grid[0]
-    c0, c1 = np.log(curve[i - 1]), np.log(curve[i])
-    return grid[i - 1] + (grid[i] - grid[i - 1]) * (c0 - np.log(level)) / (c0 - c1)
+    c0, c1 = c[i - 1], c[i]
+    return grid[i - 1] + (grid[i] - grid[i - 1]) * (c0 - target) / (c0 - c1)

@@ -67,7 +67,9 @@ class Staircase(eqx.Module):
       where the records' noise is correlated), `rho` its lag-1 correlation
       (0 where it is not refitted under it), `rms`: the fit's
       rms residual of the log-binned `ln L`.
-    - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`).
+    - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`),
+      numpy float64 whatever JAX's default (in float32 the crossings read
+      off `log_curve` move by about 1e-7).
     - `reason`: why nothing was fitted (`""` otherwise).
     """
 
@@ -81,8 +83,8 @@ class Staircase(eqx.Module):
     bic: Float[Array, " 6"]
     noise: float = eqx.field(static=True)
     rms: float = eqx.field(static=True)
-    theta: Float[Array, " Q"]
-    mask: Float[Array, " 6"]
+    theta: Float[np.ndarray, " Q"]
+    mask: Float[np.ndarray, " 6"]
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
     reason: str = eqx.field(static=True, default="")
@@ -389,8 +391,8 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
         noise=sigma,
         rho=rho,
         rms=rms,
-        theta=jnp.asarray(theta),
-        mask=jnp.asarray(mask),
+        theta=np.asarray(theta, float),
+        mask=np.asarray(mask, float),
         t_ref=t_ref,
         l_ref=l_ref,
     )
