@@ -17,7 +17,15 @@ the modes' asymptotes, misplaced by a mode's long tail), a new hold-out
 before any change and measured once at the end. The plateaus are now read
 off the fitted curve (`analysis/stair_reading.py`) and the noise is measured
 about a first fit with its correlation: development 17/17, first hold-out
-39/39, new hold-out 29/29 on its one measurement (docs/how-to/loss-curve.md)."""
+39/39, new hold-out 29/29 on its one measurement (docs/how-to/loss-curve.md).
+
+Third step (2026-12-04): a "cannot tell" note where the fit of one drop
+more has a plateau across a drop (`read_plateaus`), looked at on the two
+cannot-tell cases that came back short without a note and checked for
+false notes on the development and first held-out curves; the new
+hold-out measured once more, nothing tuned on it. False notes on these
+resolvable curves: development 0/17, first hold-out 3/39 (1 the new
+note), new hold-out 8/29 (0 the new note)."""
 
 import numpy as np
 import pytest
@@ -146,7 +154,13 @@ def test_new_held_out_families():
     of the drops. Measured once, at the end of the second round: counts
     29/29 (one marginal record left out), `select_model` 28/29 (one
     spiked Gompertz staircase of 2 drops given 3), drop times within half a
-    width on 81/83 drops (the others 0.53 and 0.65 widths)."""
+    width on 81/83 drops (the others 0.53 and 0.65 widths). Measured once
+    more on 2026-12-04 after the note on a fit of one drop more was added
+    (nothing tuned on these): the same, and "cannot tell" notes on these
+    resolvable curves, false by construction, on 8 of 29, none of them
+    the new note (5 another count within 10 of BIC, 2 a first drop on 1-2
+    records, 2 several modes in a drop, 1 a stretch that does not level
+    off; two curves have two)."""
     right, total, offsets, notes = _measure(NEW_HELD_OUT, 5, seed=50)
     chosen_right = 0
     for cell, ts, loss, truth in _cases(NEW_HELD_OUT, 5, seed=50):
@@ -162,6 +176,7 @@ def test_new_held_out_families():
     assert right >= 0.95 * total
     assert chosen_right >= 0.95 * total
     assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
+    assert notes["fit"] <= 1 and notes["other"] <= 10, notes
 
 
 @pytest.mark.slow  # 12 staircase fits
