@@ -359,3 +359,29 @@ def test_two_mode_curve_middle_plateau(sampling):
     # the drops' depths and their errors
     np.testing.assert_allclose(found.drop, [0.38, 0.11], rtol=0.08)
     assert np.all(np.asarray(found.drop_err) < 0.05 * np.asarray(found.drop))
+
+
+def test_staircase_reading_float64_in_float32():
+    """The plateaus read off a fitted staircase are compared in `ln L`, in
+    float64 whatever JAX's default: under float32 (`jax.enable_x64(False)`)
+    the drop times and levels agree with the float64 reference to round-off
+    (1e-12; measured 0 difference), also for losses below float32's normal
+    range (1e-38; a loss scaled by 1e-43 keeps 2 digits there). Before (the
+    fitted curve and parameters read in float32) they differed by 1.6e-7 at
+    scale 1 and 1.5e-3 at scale 1e-43 (`detect_plateaus`' drop times too)."""
+    from nqfjax.analysis.plateaus import model_plateaus
+
+    ts = np.geomspace(1.0, 30_000.0, 400)
+    clean = _staircase(ts)
+    with jax.enable_x64(True):
+        _, ref = model_plateaus(ts, clean)
+    assert ref.level.size == len(LEVELS)
+    for scale in (1.0, 1e-43):
+        with jax.enable_x64(False):
+            _, read = model_plateaus(ts, clean * scale)
+            found = nqfjax.detect_plateaus(ts, clean * scale)
+        np.testing.assert_allclose(read.drop_times, ref.drop_times, rtol=1e-12)
+        np.testing.assert_allclose(read.level / scale, ref.level, rtol=1e-12)
+        # the public result in float32: its times to float32's round-off
+        assert found.drop_times.dtype == jnp.float32
+        np.testing.assert_allclose(found.drop_times, ref.drop_times, rtol=1e-6)

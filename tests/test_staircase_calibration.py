@@ -17,7 +17,15 @@ the modes' asymptotes, misplaced by a mode's long tail), a new hold-out
 before any change and measured once at the end. The plateaus are now read
 off the fitted curve (`analysis/stair_reading.py`) and the noise is measured
 about a first fit with its correlation: development 17/17, first hold-out
-39/39, new hold-out 29/29 on its one measurement (docs/how-to/loss-curve.md)."""
+39/39, new hold-out 29/29 on its one measurement (docs/how-to/loss-curve.md).
+
+Third step (2026-12-04): a "cannot tell" note where the fit of one drop
+more has a plateau across a drop (`read_plateaus`), looked at on the two
+cannot-tell cases that came back short without a note and checked for
+false notes on the development and first held-out curves; the new
+hold-out measured once more, nothing tuned on it. False notes on these
+resolvable curves: development 0/17, first hold-out 3/39 (1 the new
+note), new hold-out 8/29 (0 the new note)."""
 
 import numpy as np
 import pytest
@@ -80,19 +88,30 @@ def _cases(cells, n, seed):
 
 def _measure(cells, n, seed):
     """Per cell: plateau counts right, and each correctly counted drop's
-    offset from the truth in units of its 10%-90% width (decades)."""
-    right, total, offsets = {}, {}, []
+    offset from the truth in units of its 10%-90% width (decades); and how
+    many curves (each resolvable: drops >= 0.3 in `ln L`, plateaus >= 0.3
+    decades) were given a "cannot tell" note (`ambiguous`), false by
+    construction, by kind: `fit`, a fit of one drop more with a plateau
+    across a drop (the last added), `other`, the earlier notes."""
+    right, total, offsets, notes = {}, {}, [], {"fit": 0, "other": 0}
     for cell, ts, loss, truth in _cases(cells, n, seed):
         found = nqfjax.detect_plateaus(ts, loss)
         ok = len(found) == truth["seen"]
         right[cell] = right.get(cell, 0) + ok
         total[cell] = total.get(cell, 0) + 1
+        said = found.ambiguous.split("; ") if found.ambiguous else []
+        notes["fit"] += any(note.startswith("a fit of") for note in said)
+        notes["other"] += any(not note.startswith("a fit of") for note in said)
+        if said:
+            print(cell, "note:", found.ambiguous)
         if ok and truth["seen"] == truth["K"] + 1:
             off = np.abs(np.log10(np.asarray(found.drop_times) / truth["mid"]))
             offsets.append(off / truth["width"])
     for cell in right:
         print(cell, f"{right[cell]}/{total[cell]}")
-    return sum(right.values()), sum(total.values()), np.concatenate(offsets)
+    print("false cannot-tell notes:", notes, "of", sum(total.values()))
+    offsets = np.concatenate(offsets)
+    return sum(right.values()), sum(total.values()), offsets, notes
 
 
 @pytest.mark.slow  # 20 staircase fits
@@ -100,10 +119,12 @@ def test_development_families():
     """Plateau counts right on >= 95% (the issue's bar) and drop times within
     half a transition width (the issue's bar) on >= 95% of the drops.
     Measured: 17/17 (3 marginal records left out), offsets at most 0.13
-    widths."""
-    right, total, offsets = _measure(DEVELOPMENT, 5, seed=10)
+    widths. No "cannot tell" note on these resolvable curves (measured
+    2026-12-04: none of 17; at most 1 allowed, for round-off in the fits)."""
+    right, total, offsets, notes = _measure(DEVELOPMENT, 5, seed=10)
     print(f"development: {right}/{total}; offsets max {offsets.max():.2f}")
     assert right >= 0.95 * total
+    assert sum(notes.values()) <= 1, notes
     assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
 
 
@@ -113,10 +134,15 @@ def test_held_out_families():
     36/39 in the first round, 39/39 since the plateaus are read off the
     fitted curve, which the misses were looked at for: no longer a clean
     hold-out, see `test_new_held_out_families`); drop times within half a
-    width on >= 95% of the drops (measured: all, at most 0.12 widths)."""
-    right, total, offsets = _measure(HELD_OUT, 5, seed=20)
+    width on >= 95% of the drops (measured: all, at most 0.12 widths).
+    "Cannot tell" notes on these resolvable curves, false by construction:
+    measured 2026-12-04 on 3 of 39, 1 from a fit of one drop more (an
+    asymmetric drop under 7% noise and spikes, split by a fit 15 worse in
+    BIC) and 2 earlier ones; bounded at 10%."""
+    right, total, offsets, notes = _measure(HELD_OUT, 5, seed=20)
     print(f"held out: {right}/{total}; offsets max {offsets.max():.2f}")
     assert right >= 0.95 * total
+    assert sum(notes.values()) <= 0.1 * total, notes
     assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
 
 
@@ -128,8 +154,14 @@ def test_new_held_out_families():
     of the drops. Measured once, at the end of the second round: counts
     29/29 (one marginal record left out), `select_model` 28/29 (one
     spiked Gompertz staircase of 2 drops given 3), drop times within half a
-    width on 81/83 drops (the others 0.53 and 0.65 widths)."""
-    right, total, offsets = _measure(NEW_HELD_OUT, 5, seed=50)
+    width on 81/83 drops (the others 0.53 and 0.65 widths). Measured once
+    more on 2026-12-04 after the note on a fit of one drop more was added
+    (nothing tuned on these): the same, and "cannot tell" notes on these
+    resolvable curves, false by construction, on 8 of 29, none of them
+    the new note (5 another count within 10 of BIC, 2 a first drop on 1-2
+    records, 2 several modes in a drop, 1 a stretch that does not level
+    off; two curves have two)."""
+    right, total, offsets, notes = _measure(NEW_HELD_OUT, 5, seed=50)
     chosen_right = 0
     for cell, ts, loss, truth in _cases(NEW_HELD_OUT, 5, seed=50):
         chosen = nqfjax.select_model(ts, loss)
@@ -144,6 +176,7 @@ def test_new_held_out_families():
     assert right >= 0.95 * total
     assert chosen_right >= 0.95 * total
     assert np.mean(offsets < 0.5) >= 0.95, np.sort(offsets)[-5:]
+    assert notes["fit"] <= 1 and notes["other"] <= 10, notes
 
 
 @pytest.mark.slow  # 12 staircase fits
@@ -154,7 +187,8 @@ def test_cannot_tell_is_said():
     never more plateaus than there are; short counts mostly come with
     `ambiguous` saying why (see the bound below): a drop fitted by several
     modes without a plateau between them, a stretch between drops that does
-    not level off, another count within 10 of BIC, a drop within the noise."""
+    not level off, another count within 10 of BIC, a drop within the noise,
+    a fit of one drop more with a plateau across a drop."""
     rng = np.random.default_rng(30)
     silent = 0
     for i in range(12):
@@ -170,15 +204,19 @@ def test_cannot_tell_is_said():
         assert len(found) <= truth["K"] + 1, (i, found)
         if len(found) < truth["K"] + 1 and not found.ambiguous:
             silent += 1
-    # measured: 2 of 12 short without a word (4 before the notes on several
-    # modes in one drop and on stretches that do not level off, 6 before
-    # those on a drop wider than a decade and one half done outside the
-    # data): overlapping logistic drops and drops of 0.12 and 0.17 under 7%
-    # noise, each fitted as one mode, the second mode worse by BIC by 16:
-    # the data favour one drop. This bounds them (one case of margin for
-    # round-off in the fits on other platforms)
+    # measured 2026-12-04: 1 of 12 short without a word (2 before the note
+    # on a fit of one drop more with a plateau across a drop, which the
+    # drops of 0.12 and 0.17 under 7% noise now get; 4 before the notes on
+    # several modes in one drop and on stretches that do not level off, 6
+    # before those on a drop wider than a decade and one half done outside
+    # the data). The one left: two overlapping logistic drops (0.38 and
+    # 0.83 in ln L, 1.6% noise) that one logistic mode (p = 2.6) fits as
+    # well as the truth does (chi-square 76.5 against 74.7 on 160 bins):
+    # the fit of two modes puts its second on the first's shoulder, as it
+    # does on 40% of the resolvable curves. This bounds them (one case of
+    # margin for round-off in the fits on other platforms)
     print(f"cannot tell: {silent} of 12 short without a word")
-    assert silent <= 3
+    assert silent <= 2
 
 
 @pytest.mark.slow  # 6 model selections

@@ -40,8 +40,9 @@ class Plateaus(eqx.Module):
     - `ambiguous`: where the data cannot tell (`""` when they can): two drops
       closer than their widths (counted as one), a drop no larger than the
       noise (not counted), another number of drops within 10 of BIC, a drop
-      wider than a decade (several?), or a drop half done outside the data
-      that overlaps them; the count is then a lower bound.
+      wider than a decade (several?), a drop half done outside the data
+      that overlaps them, or a fit with one drop more that has a plateau
+      across the middle of a drop; the count is then a lower bound.
     """
 
     start: Float[Array, " P"]
@@ -122,7 +123,8 @@ def detect_plateaus(
     fitted curve holds a level, drop times where it crosses each drop's
     middle. Where the data cannot tell (a drop made of several fitted
     modes, two drops without a flat stretch between them, a drop within the
-    noise, another `K` within 10 of BIC) `ambiguous` says so. Holds across
+    noise, another `K` within 10 of BIC, a fit with one drop more that has
+    a plateau across a drop's middle) `ambiguous` says so. Holds across
     the sharpness of the drops (see the how-to's table of measured rates);
     about a second per curve (two where the noise is correlated).
 

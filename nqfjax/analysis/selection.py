@@ -275,7 +275,11 @@ def _core_rms(chosen, t, y):
     points (`t > 0`) closest to it."""
     pos = t > 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        res = np.log(np.asarray(chosen.curve(t[pos]), float) / y[pos])
+        if chosen.best == _NAMES[0] and chosen.staircase is not None:
+            fitted = chosen.staircase.log_curve(t[pos])  # float64
+        else:
+            fitted = np.log(np.asarray(chosen.curve(t[pos]), float))
+        res = fitted - np.log(y[pos])
     res = np.sort(np.abs(np.where(np.isfinite(res), res, np.inf)))
     keep = res[: max(int(np.ceil(0.95 * res.size)), 1)]
     return float(np.sqrt(np.mean(keep**2)))
@@ -323,8 +327,7 @@ def _score(
         if name == _NAMES[0]:
             if stairs is None or n_drops == 0:
                 continue
-            with np.errstate(divide="ignore"):
-                fitted_ly = np.log(np.asarray(stairs.curve(tb * t_ref)) / l_ref)
+            fitted_ly = stairs.log_curve(tb * t_ref) - np.log(l_ref)  # float64
             total = float(np.sum(wb * (fitted_ly - lyb) ** 2)) + within
             params = 2 + 4 * stairs.n_modes
         if np.isfinite(total):

@@ -105,11 +105,12 @@ def _curve_drops(stairs: Staircase, lt):
     return np.exp(c[valleys]), drops, grid[valleys]
 
 
-def _kept_drops(stairs: Staircase, lt, min_drop):
+def _kept_drops(stairs: Staircase, lt, min_drop, slack=0.0):
     """The drops of a fitted staircase that the data at log-times `lt` see,
     as `(first level, last level + 1, ln t at 20%, ln t at 80%)`, the levels
     (`_curve_drops`) and the notes on what the data cannot tell (see
-    `read_plateaus`)."""
+    `read_plateaus`); a drop under `min_drop` by less than `slack` standard
+    errors is kept."""
     levels, read, bounds = _curve_drops(stairs, lt)
     K = read.shape[0]
     edges, mids = read[:, :2], read[:, 2]
@@ -146,7 +147,7 @@ def _kept_drops(stairs: Staircase, lt, min_drop):
         before = count(drops[i - 1][3] if i else -np.inf, lo)
         after = count(hi, drops[i + 1][2] if i + 1 < len(drops) else np.inf)
         se = np.hypot(stairs.se(before), stairs.se(after))
-        if fall < -np.log1p(-min_drop):
+        if fall + slack * se < -np.log1p(-min_drop):
             continue
         if not kept and before < 3:  # a first level on fewer samples than a plateau
             notes.append(
@@ -190,6 +191,12 @@ def read_plateaus(
       `ambiguous`), nor a first drop with fewer than 3 records before it;
     - where another number of drops has a BIC within 10 of the chosen one
       (not "very strong" evidence), `ambiguous` says so;
+    - where the best fit with one drop more (`Staircase.with_modes`), read
+      alike but counting a drop under `min_drop` by less than 2 standard
+      errors, sees more plateaus, one of them across the middle of a drop
+      of this reading, `ambiguous` says so whatever its BIC (one drop or
+      two? Drops barely above the noise, where the extra mode improves the
+      fit by about what 4 parameters fitted to noise do);
     - the plateaus are the stretches before the first drop is 10% done,
       between drops and after the last is 90% done: each needs at least 3
       samples over `min_length` decades, and a log-log slope of the data there
@@ -213,8 +220,39 @@ def read_plateaus(
     (`Staircase.se`); drop times where the
     fitted curve crosses the middle of the levels, with the standard error of
     a local level over the drop's steepness."""
+    read = _read(stairs, ts, loss, slope_tol, min_length, min_drop)
+    K = stairs.n_modes
+    if stairs.fits is None or K >= len(stairs.fits) or read.level.size < 2:
+        return read
+    # the best fit with one drop more, which BIC does not call for, read
+    # alike (a drop under `min_drop` by less than 2 standard errors counted):
+    # a plateau where this reading has a drop half done?
+    alt = _read(
+        stairs.with_modes(K + 1), ts, loss, slope_tol, min_length, min_drop, 2.0
+    )
+    if alt.level.size <= read.level.size:
+        return read
+    notes = [read.ambiguous] if read.ambiguous else []
+    bic = np.asarray(stairs.bic)
+    for t_mid in read.drop_times:
+        on = np.flatnonzero((alt.start < t_mid) & (t_mid < alt.end))
+        if on.size:
+            a, b = alt.start[on[0]], alt.end[on[0]]
+            notes.append(
+                f"a fit of {K + 1} modes (BIC {bic[K] - bic[K - 1]:.2g} higher) has a "
+                f"plateau from t = {a:.3g} to {b:.3g}, across the drop at t = "
+                f"{t_mid:.3g}: one drop or two?"
+            )
+    return read._replace(ambiguous="; ".join(notes))
+
+
+def _read(
+    stairs, ts, loss, slope_tol, min_length, min_drop, slack=0.0
+) -> StaircasePlateaus:
+    """`read_plateaus` of one fit (without the fit of one drop more); a drop
+    under `min_drop` by less than `slack` standard errors is counted."""
     lt, ly = np.log(ts), np.log(loss)
-    kept, levels, notes = _kept_drops(stairs, lt, min_drop)
+    kept, levels, notes = _kept_drops(stairs, lt, min_drop, slack)
     count = partial(_count, lt)
     if not kept:
         # no drop: one plateau if the curve is flat, none if it falls (a
@@ -259,8 +297,8 @@ def read_plateaus(
             # (exact on a flat plateau); else the fitted asymptote (a plateau
             # tilted by its drops' tails)
             inside = (lt >= lo) & (lt <= hi)
-            fitted = np.asarray(stairs.curve(ts[inside]))
-            near = np.abs(np.log(fitted[None] / levels[first[j] : last[j] + 1, None]))
+            fitted = stairs.log_curve(ts[inside])  # float64 whatever JAX's default
+            near = np.abs(fitted[None] - np.log(levels[first[j] : last[j] + 1, None]))
             core = inside.copy()
             core[inside] = max(near < 0.02, key=np.sum)
             if core.sum() >= 3:
@@ -330,15 +368,17 @@ def _flat(stairs, stretches, kept, levels, lt, ly, slope_tol, min_length):
 
 def _crossing(stairs: Staircase, level, lo, hi):
     """`ln t` where the fitted curve crosses `level` between `ln t = lo` and
-    `hi` (widened by half their span; log-linear between grid points)."""
+    `hi` (widened by half their span; linear in `ln L` between grid points).
+    Compared in `ln L`, float64 (`log_curve`; `curve` is float32 under JAX's
+    default and loses a loss below float32's normal range, 1e-38)."""
     pad = 0.5 * (hi - lo) + 1e-6
     grid = np.linspace(lo - pad, hi + pad, 2001)
-    curve = np.asarray(stairs.curve(np.exp(grid)))
-    below = np.flatnonzero(curve <= level)
+    c, target = stairs.log_curve(np.exp(grid)), np.log(level)
+    below = np.flatnonzero(c <= target)
     if below.size == 0:
         return 0.5 * (lo + hi)
     i = below[0]
     if i == 0:
         return grid[0]
-    c0, c1 = np.log(curve[i - 1]), np.log(curve[i])
-    return grid[i - 1] + (grid[i] - grid[i - 1]) * (c0 - np.log(level)) / (c0 - c1)
+    c0, c1 = c[i - 1], c[i]
+    return grid[i - 1] + (grid[i] - grid[i - 1]) * (c0 - target) / (c0 - c1)

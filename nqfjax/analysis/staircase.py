@@ -67,7 +67,11 @@ class Staircase(eqx.Module):
       where the records' noise is correlated), `rho` its lag-1 correlation
       (0 where it is not refitted under it), `rms`: the fit's
       rms residual of the log-binned `ln L`.
-    - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`).
+    - `theta`, `mask`, `t_ref`, `l_ref`: the fitted parameters (`curve`),
+      numpy float64 whatever JAX's default (in float32 the crossings read
+      off `log_curve` move by about 1e-7); `fits`: the best parameters for
+      each `K = 1 .. 6` (`(6, Q)`, `with_modes`), `fit_rms` their rms
+      residuals, `span` the data's scaled log-times `(ln u_0, ln u_end)`.
     - `reason`: why nothing was fitted (`""` otherwise).
     """
 
@@ -81,12 +85,29 @@ class Staircase(eqx.Module):
     bic: Float[Array, " 6"]
     noise: float = eqx.field(static=True)
     rms: float = eqx.field(static=True)
-    theta: Float[Array, " Q"]
-    mask: Float[Array, " 6"]
+    theta: Float[np.ndarray, " Q"]
+    mask: Float[np.ndarray, " 6"]
     t_ref: float = eqx.field(static=True, default=1.0)
     l_ref: float = eqx.field(static=True, default=1.0)
     reason: str = eqx.field(static=True, default="")
     rho: float = eqx.field(static=True, default=0.0)
+    fits: Float[np.ndarray, "6 Q"] | None = None
+    fit_rms: Float[np.ndarray, " 6"] | None = None
+    span: tuple[float, float] = eqx.field(static=True, default=(0.0, 0.0))
+
+    def with_modes(self, K: int) -> "Staircase":
+        """The staircase of the best fit with `K` drops (`1 <= K <= 6`; the
+        chosen one for `K = n_modes`), read as the chosen one is."""
+        if self.fits is None or not 1 <= K <= _MAX_MODES:
+            raise ValueError(f"`K` must be in [1, {_MAX_MODES}] of a fit, got {K}.")
+        fitted = dict(
+            bic=self.bic,
+            noise=self.noise,
+            rho=self.rho,
+            fits=self.fits,
+            fit_rms=self.fit_rms,
+        )
+        return _assemble(self.fits[K - 1], K, self.span, self.t_ref, self.l_ref, fitted)
 
     def curve(self, ts) -> Float[Array, " T"]:
         """The fitted loss at `ts > 0`, shape `(T,)` (NaN where nothing was
@@ -321,7 +342,8 @@ def _n_eff(n, rho):
 
 def _fit_bins(lu, yb, n, m, sigma, rho):
     """Every `K` fitted to the `m` bins under the noise `sigma` with lag-1
-    correlation `rho`: the chosen parameters, mask, `K` and the BICs."""
+    correlation `rho`: the chosen parameters, mask, `K`, the BICs and each
+    `K`'s best parameters (`(6, Q)`)."""
     se2 = (1.2533 * sigma) ** 2 / _n_eff(n, rho)
     w = np.where(n > 0, 1 / (se2 + _SIGMA_MODEL**2), 0.0)
     thetas, masks = _starts(lu, yb, m)
@@ -331,8 +353,8 @@ def _fit_bins(lu, yb, n, m, sigma, rho):
     ks = np.arange(1, _MAX_MODES + 1)
     bic = chi2[ks - 1, best_start] + (2 + 4 * ks) * np.log(m)
     K = int(np.argmin(bic)) + 1
-    row = (K - 1) * _STARTS + best_start[K - 1]
-    return fitted[row], masks[row], K, bic
+    rows = (ks - 1) * _STARTS + best_start
+    return fitted[rows[K - 1]], masks[rows[K - 1]], K, bic, fitted[rows]
 
 
 def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
@@ -350,7 +372,7 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     sigma, rho = max(log_noise(ly_raw), 1e-4), 0.0
     l_ref = float(np.exp(np.median(ly_raw)))
     lu, yb, n, m = _bins(t / t_ref, ly_raw - np.log(l_ref))
-    theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
+    theta, mask, K, bic, fits = _fit_bins(lu, yb, n, m, sigma, rho)
     # the noise about the fit: correlated from one record to the next (the
     # loss of SGD wanders), the second differences see only a part of it
     resid = ly_raw - np.log(l_ref) - _log_model(theta, np.log(t / t_ref), mask)
@@ -358,15 +380,25 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
     corr = float(np.clip(1 - step**2 / max(2 * scale**2, 1e-300), 0.0, 0.99))
     if corr > 1 / 3 and scale > max(sigma, _SIGMA_MODEL):  # refit under it
         sigma, rho = float(scale), corr
-        theta, mask, K, bic = _fit_bins(lu, yb, n, m, sigma, rho)
-    model = _log_model(theta, lu[:m], mask)
-    rms = float(np.sqrt(np.sum(n[:m] * (model - yb[:m]) ** 2) / np.sum(n[:m])))
+        theta, mask, K, bic, fits = _fit_bins(lu, yb, n, m, sigma, rho)
+    masks = (np.arange(_MAX_MODES)[None] < np.arange(1, _MAX_MODES + 1)[:, None]) * 1.0
+    model = _log_model(fits, lu[:m], masks)
+    rms = np.sqrt(np.sum(n[:m] * (model - yb[:m]) ** 2, axis=-1) / np.sum(n[:m]))
+    fitted = dict(bic=bic, noise=sigma, rho=rho, fits=fits, fit_rms=rms)
+    span = (float(lu[0]), float(lu[m - 1]))
+    return _assemble(theta, K, span, t_ref, l_ref, fitted)
+
+
+def _assemble(theta, K, span, t_ref, l_ref, fitted) -> Staircase:
+    """The `Staircase` of the `K`-mode parameters `theta` fitted to data
+    spanning `span` (`ln u`, scaled), with `fitted`'s other fields."""
+    mask = (np.arange(_MAX_MODES) < K) * 1.0
     floor, lam, h, ltau, a, p = _unpack(theta)
     mid = _g_inverse(0.5, lam, ltau[:K], a[:K], p[:K])
     h = h[:K][np.argsort(mid)]
     levels = floor + np.concatenate([np.cumsum(h[::-1])[::-1], [0.0]])
     # the fitted curve's crossings of 10%, 50% and 90% of each drop
-    grid = np.linspace(lu[0] - np.log(10), lu[m - 1] + np.log(10), 4000)
+    grid = np.linspace(span[0] - np.log(10), span[1] + np.log(10), 4000)
     curve = np.exp(_log_model(theta, grid, mask))
     cross = np.empty((K, 3))
     for k in range(K):
@@ -385,12 +417,15 @@ def fit_staircase(t: np.ndarray, y: np.ndarray) -> Staircase:
         edges=jnp.asarray(times[:, [0, 2]]),
         floor=float(floor) * l_ref,
         resolved=jnp.asarray(cross[:-1, 2] < cross[1:, 0]),
-        bic=jnp.asarray(bic),
-        noise=sigma,
-        rho=rho,
-        rms=rms,
-        theta=jnp.asarray(theta),
-        mask=jnp.asarray(mask),
+        bic=jnp.asarray(fitted["bic"]),
+        noise=fitted["noise"],
+        rho=fitted["rho"],
+        rms=float(fitted["fit_rms"][K - 1]),
+        theta=np.asarray(theta, float),
+        mask=mask,
         t_ref=t_ref,
         l_ref=l_ref,
+        fits=np.asarray(fitted["fits"], float),
+        fit_rms=np.asarray(fitted["fit_rms"], float),
+        span=span,
     )
