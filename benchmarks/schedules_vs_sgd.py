@@ -21,8 +21,15 @@ For each setting (input spectrum, teacher, label noise, steps, budget):
    the shapes tuned on the criterion and against the shapes tuned in real SGD
    (as the criterion predicts them), and measured against the latter, among
    those that diverge in at most 5% of the seeds (the design is held to the
-   same rule).
+   same rule);
+4. error bars on both gains against the best shape tuned in real SGD: the
+   predicted one on `--gain-paths` paths of the criterion's map, the measured
+   one on the seeds, each a paired bootstrap (common random numbers), and
+   each schedule's predicted / measured final loss.
 
+Settings A-C are the first three tried; D-F (`--settings D E F`) were chosen
+among varied ones by the criterion's predicted gain alone
+(`schedules_search.py`), for gains large enough to measure.
 Real SGD is a plain-JAX loop written here, independently of the library:
 `W <- W - 2 eta G_hat W`, `G_hat = mean_s e_s x_s x_s^T`, fresh Gaussian
 samples every step, a run diverged once its loss exceeds 1e4 max(L_0, L(0)).
@@ -80,6 +87,35 @@ SETTINGS = {
         T=250,
         m0=1e-3,
         batch=6,
+    ),
+    # chosen by the criterion's predicted gain over the shapes tuned on it
+    # (benchmarks/schedules_search.py, 2026-12-04): C without label noise
+    # (predicted 20.0% +- 1.3%), A from a small initial scale, its modes'
+    # plateaus long (9.6% +- 0.9%)
+    "D: d=5, s=k^-1, mu=k^-1/2, sigma^2=0, T=250, b=6": dict(
+        s=1.0 / np.arange(1, 6),
+        mu=1.0 / np.sqrt(np.arange(1, 6)),
+        sigma2=0.0,
+        T=250,
+        m0=1e-3,
+        batch=6,
+    ),
+    "E: d=6, s=2^-k, sigma^2=0.01, T=400, b=12, m0=1e-6": dict(
+        s=2.0 ** -np.arange(6),
+        mu=np.array([1.0, 0.8, 0.6, 0.4, 0.25, 0.1]),
+        sigma2=0.01,
+        T=400,
+        m0=1e-6,
+        batch=12,
+    ),
+    # B without label noise (predicted 90.9% +- 0.4%)
+    "F: d=4, s=(1,.6,.35,.2), sigma^2=0, T=300, b=16": dict(
+        s=np.array([1.0, 0.6, 0.35, 0.2]),
+        mu=np.ones(4),
+        sigma2=0.0,
+        T=300,
+        m0=1e-2,
+        batch=16,
     ),
 }
 
