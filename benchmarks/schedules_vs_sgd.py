@@ -507,7 +507,7 @@ def main():
     parser.add_argument(
         "--gain-paths",
         type=int,
-        default=16384,
+        default=8192,
         help="paths of the predicted gain's error bar (0: none)",
     )
     parser.add_argument("--json", type=str, default=None)
