@@ -21,8 +21,15 @@ For each setting (input spectrum, teacher, label noise, steps, budget):
    the shapes tuned on the criterion and against the shapes tuned in real SGD
    (as the criterion predicts them), and measured against the latter, among
    those that diverge in at most 5% of the seeds (the design is held to the
-   same rule).
+   same rule);
+4. error bars on both gains against the best shape tuned in real SGD: the
+   predicted one on `--gain-paths` paths of the criterion's map, the measured
+   one on the seeds, each a paired bootstrap (common random numbers), and
+   each schedule's predicted / measured final loss.
 
+Settings A-C are the first three tried; D-F (`--settings D E F`) were chosen
+among varied ones by the criterion's predicted gain alone
+(`schedules_search.py`), for gains large enough to measure.
 Real SGD is a plain-JAX loop written here, independently of the library:
 `W <- W - 2 eta G_hat W`, `G_hat = mean_s e_s x_s x_s^T`, fresh Gaussian
 samples every step, a run diverged once its loss exceeds 1e4 max(L_0, L(0)).
@@ -34,14 +41,21 @@ The measured tables, and what they mean, are in benchmarks/README.md.
 
 import argparse
 import functools
+import os
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import nqfjax
-from nqfjax.experiments.schedules import standard_shapes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import write_json  # noqa: E402
+
+import nqfjax  # noqa: E402
+from nqfjax.experiments.schedules import standard_shapes  # noqa: E402
 
 
 jax.config.update("jax_enable_x64", True)
@@ -73,6 +87,35 @@ SETTINGS = {
         T=250,
         m0=1e-3,
         batch=6,
+    ),
+    # chosen by the criterion's predicted gain over the shapes tuned on it
+    # (benchmarks/schedules_search.py, 2026-12-04): C without label noise
+    # (predicted 20.0% +- 1.3%), A from a small initial scale, its modes'
+    # plateaus long (9.6% +- 0.9%)
+    "D: d=5, s=k^-1, mu=k^-1/2, sigma^2=0, T=250, b=6": dict(
+        s=1.0 / np.arange(1, 6),
+        mu=1.0 / np.sqrt(np.arange(1, 6)),
+        sigma2=0.0,
+        T=250,
+        m0=1e-3,
+        batch=6,
+    ),
+    "E: d=6, s=2^-k, sigma^2=0.01, T=400, b=12, m0=1e-6": dict(
+        s=2.0 ** -np.arange(6),
+        mu=np.array([1.0, 0.8, 0.6, 0.4, 0.25, 0.1]),
+        sigma2=0.01,
+        T=400,
+        m0=1e-6,
+        batch=12,
+    ),
+    # B without label noise (predicted 90.9% +- 0.4%)
+    "F: d=4, s=(1,.6,.35,.2), sigma^2=0, T=300, b=16": dict(
+        s=np.array([1.0, 0.6, 0.35, 0.2]),
+        mu=np.ones(4),
+        sigma2=0.0,
+        T=300,
+        m0=1e-2,
+        batch=16,
     ),
 }
 
@@ -161,33 +204,71 @@ def integer_batches(b):
     return np.maximum(out, 1.0)
 
 
-def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
+def paired_gain(base, design, boot=1000, seed=0):
+    """The gain `1 - G_design / G_base` (`G` the geometric mean over the runs
+    that converge) of two schedules run on the same seeds or paths (common
+    random numbers), and its paired bootstrap (`boot` resamplings of the
+    seeds, the same for both): `(gain, standard error, 2.5%, 97.5%)`.
+    `base`, `design`: `(final losses, diverged)`, each shape `(n,)`."""
+    n = len(base[0])
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=boot)
+    w = np.concatenate([np.ones((1, n), int), w]).astype(float)
+
+    def log_g(final, bad):
+        final, bad = np.asarray(final), np.asarray(bad)
+        logs = np.where(bad, 0.0, np.log(np.where(bad, 1.0, final)))
+        return (w @ logs) / (w @ (~bad))
+
+    g = 1 - np.exp(log_g(*design) - log_g(*base))
+    lo, hi = np.percentile(g[1:], [2.5, 97.5])
+    return float(g[0]), float(np.std(g[1:])), float(lo), float(hi)
+
+
+def loss_ratio(pred, meas):
+    """Predicted / measured geometric-mean final loss over the runs that
+    converge, and the ratio's standard error (independent samples)."""
+    logs = [np.log(np.asarray(f)[~np.asarray(b)]) for f, b in (pred, meas)]
+    r = np.exp(np.mean(logs[0]) - np.mean(logs[1]))
+    se = np.sqrt(sum(np.var(x, ddof=1) / len(x) for x in logs))
+    return float(r), float(r * se)
+
+
+def paths_final(d, learning_rates, batch_sizes, paths, minibatch, chunk=4096):
+    """Final losses and divergences of `paths` simulated runs (`sgd_paths`,
+    key 2, in chunks): the predicted side of the error bars."""
+    out = []
+    keys = jax.random.split(jax.random.key(2), -(-paths // chunk))
+    for i, k in enumerate(keys):
+        r = nqfjax.sgd_paths(
+            d["task"],
+            jnp.asarray(learning_rates),
+            jnp.asarray(batch_sizes, float),
+            d["m0"],
+            paths=min(chunk, paths - i * chunk),
+            key=k,
+            minibatch=minibatch,
+            **d["model"],
+        )
+        out.append((np.asarray(r.loss[:, -1]), np.asarray(r.diverged)))
+    return tuple(np.concatenate(x) for x in zip(*out))
+
+
+def design(cfg, args, save=""):
+    """The criterion's side of a setting: the standard shapes tuned on the
+    criterion, the design from the best of them (checked as run, on integer
+    batches), every one judged on other paths. Returns a dict: `task`, `m0`,
+    `model`, `judge`, `eta_max`, `std`, `judged` (the five shapes then the
+    design, judged), `b_int` (the design's batches)."""
     T, batch = cfg["T"], cfg["batch"]
     task = nqfjax.gaussian_quadratic_task(np.diag(cfg["s"]), np.diag(cfg["mu"]))
     m0 = np.full(len(cfg["s"]), cfg["m0"])
     model = dict(noise_variance=cfg["sigma2"])
     crit = dict(minibatch=args.minibatch)
-    design = nqfjax.TypicalLoss(paths=args.paths, key=jax.random.key(0), **crit)
+    tuner = nqfjax.TypicalLoss(paths=args.paths, key=jax.random.key(0), **crit)
     judge = nqfjax.TypicalLoss(paths=2 * args.paths, key=jax.random.key(1), **crit)
-    keys = jax.random.split(jax.random.key(7), args.seeds)
-    edge_at = {}
-    for b in args.batches:
-        t0 = time.perf_counter()
-        pred = float(
-            nqfjax.stability_edge(task, b, m0, num_steps=T, criterion=design, **model)
-        )
-        real = real_edge(cfg, b, keys, pred, args.bisect)
-        edge_at[b] = (pred, real)
-        rows_edge.append(
-            (name, b, pred, real, pred / real - 1, time.perf_counter() - t0)
-        )
-        print(f"  edge b={b}: predicted {pred:.4f}, real {real:.4f}", flush=True)
-
     # schedules at the budget `batch` samples per step
     budget = batch * T
-    edge = nqfjax.stability_edge(
-        task, batch, m0, num_steps=T, criterion=design, **model
-    )
+    edge = nqfjax.stability_edge(task, batch, m0, num_steps=T, criterion=tuner, **model)
     eta_max = 2.0 * float(edge)
     std = nqfjax.standard_schedules(
         task,
@@ -196,7 +277,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         num_steps=T,
         max_learning_rate=eta_max,
         num_peaks=args.peaks,
-        criterion=design,
+        criterion=tuner,
         **model,
     )
     best = min(std[:4], key=lambda x: float(x.final_loss))
@@ -244,9 +325,9 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     designed = nqfjax.evaluate_schedule(
         task, opt.learning_rates, b_int, m0, name="designed", criterion=judge, **model
     )
-    if args.save_designs:
+    if save:
         np.savez(
-            f"{args.save_designs}_{name[0]}.npz",
+            save,
             learning_rates=np.asarray(opt.learning_rates),
             batch_sizes=b_int,
         )
@@ -262,8 +343,46 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
         )
         for x in std
     ] + [designed]
+    return dict(
+        task=task,
+        m0=m0,
+        model=model,
+        judge=judge,
+        eta_max=eta_max,
+        std=std,
+        judged=judged,
+        b_int=b_int,
+    )
+
+
+def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain, rows_err):
+    T, batch = cfg["T"], cfg["batch"]
+    task = nqfjax.gaussian_quadratic_task(np.diag(cfg["s"]), np.diag(cfg["mu"]))
+    m0 = np.full(len(cfg["s"]), cfg["m0"])
+    model = dict(noise_variance=cfg["sigma2"])
+    crit = nqfjax.TypicalLoss(
+        paths=args.paths, key=jax.random.key(0), minibatch=args.minibatch
+    )
+    keys = jax.random.split(jax.random.key(7), args.seeds)
+    edge_at = {}
+    for b in args.batches:
+        t0 = time.perf_counter()
+        pred = float(
+            nqfjax.stability_edge(task, b, m0, num_steps=T, criterion=crit, **model)
+        )
+        real = real_edge(cfg, b, keys, pred, args.bisect)
+        edge_at[b] = (pred, real)
+        rows_edge.append(
+            (name, b, pred, real, pred / real - 1, time.perf_counter() - t0)
+        )
+        print(f"  edge b={b}: predicted {pred:.4f}, real {real:.4f}", flush=True)
+
+    save = f"{args.save_designs}_{name[0]}.npz" if args.save_designs else ""
+    d = design(cfg, args, save)
+    judge, eta_max, judged = d["judge"], d["eta_max"], d["judged"]
+    designed = judged[-1]
     keys2 = jax.random.split(jax.random.key(11), args.seeds)
-    measured = {}
+    measured, raw = {}, {}
     for x in judged:
         bs = np.asarray(x.batch_sizes)
         bs = np.rint(bs) if x.name != "designed" else bs
@@ -271,6 +390,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
             bs = integer_batches(x.batch_sizes)
         final, bad = run_real(cfg, x.learning_rates, bs, keys2)
         measured[x.name] = typical(final, bad)
+        raw[x.name] = (np.asarray(final), np.asarray(bad))
         rows_sched.append(
             (
                 name,
@@ -286,7 +406,7 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
     # the standard shapes tuned in real SGD (seeds keys, measured on keys2)
     peaks = np.geomspace(eta_max / 20, eta_max, args.peaks)
     b_const = np.full(T, float(batch))
-    real_tuned, predicted_real_tuned = {}, {}
+    real_tuned, predicted_real_tuned, raw_real, real_peak = {}, {}, {}, {}
     for shape_name, shape in standard_shapes(T).items():
         scores = [
             typical(*run_real(cfg, p * np.asarray(shape), b_const, keys), 0.05)[0]
@@ -300,6 +420,8 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
             p = peaks[i]
             final, bad = run_real(cfg, p * np.asarray(shape), b_const, keys2)
             real_tuned[shape_name] = typical(final, bad)
+            raw_real[shape_name] = (np.asarray(final), np.asarray(bad))
+            real_peak[shape_name] = p
             if real_tuned[shape_name][1] <= 0.05 or i == 0:
                 break
             i -= 1
@@ -341,6 +463,29 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain):
             measured["designed"][1],
         )
     )
+    if best_name is None or not args.gain_paths:
+        return
+    # error bars: the predicted gain over the same baseline on `--gain-paths`
+    # paths of the judge's map, the measured one over the seeds, each paired
+    # (common random numbers) and bootstrapped; and each schedule's predicted
+    # / measured final loss (a bias that differs between the two moves the
+    # gain: (1 - measured gain) / (1 - predicted gain) = ratio_base / ratio_design)
+    base_etas = real_peak[best_name] * np.asarray(standard_shapes(T)[best_name])
+    mb = args.minibatch
+    pb = paths_final(d, base_etas, b_const, args.gain_paths, mb)
+    pd = paths_final(d, designed.learning_rates, d["b_int"], args.gain_paths, mb)
+    rows_err.append(
+        (
+            name,
+            best_name,
+            paired_gain(pb, pd),
+            paired_gain(raw_real[best_name], raw["designed"]),
+            loss_ratio(pd, raw["designed"]),
+            loss_ratio(pb, raw_real[best_name]),
+            float(np.mean(pd[1])),
+            float(np.mean(pb[1])),
+        )
+    )
 
 
 def main():
@@ -360,20 +505,27 @@ def main():
     parser.add_argument("--check-paths", type=int, default=2048)
     parser.add_argument("--check-confidence", type=float, default=0.95)
     parser.add_argument(
+        "--gain-paths",
+        type=int,
+        default=8192,
+        help="paths of the predicted gain's error bar (0: none)",
+    )
+    parser.add_argument("--json", type=str, default=None)
+    parser.add_argument(
         "--save-designs", type=str, default="", help="save each design to PREFIX_X.npz"
     )
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.paths, args.iterations = 16, 32, 5
         args.bisect, args.peaks, args.batches, args.settings = 3, 4, [16], ["B"]
-        args.check_paths = 256
-    rows_edge, rows_sched, rows_gain = [], [], []
+        args.check_paths, args.gain_paths = 256, 1024
+    rows_edge, rows_sched, rows_gain, rows_err = [], [], [], []
     start = time.perf_counter()
     for name, cfg in SETTINGS.items():
         if name[0] not in args.settings:
             continue
         print(name, flush=True)
-        run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain)
+        run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain, rows_err)
     print(
         "\n| setting | batch | predicted edge | real edge (half of seeds) | error | s |"
     )
@@ -405,7 +557,36 @@ def main():
             f"| {r[3]:.1%} | {r[3] / r[1]:.2f}, {r[3] / r[2]:.2f} |"
         )
     print(
-        f"\n{args.seeds} seeds, {args.paths} paths; {time.perf_counter() - start:.0f} s"
+        f"\n| setting | baseline | gain predicted ({args.gain_paths} paths) "
+        f"| gain measured ({args.seeds} seeds) | predicted in measured 95% "
+        "| measured / predicted (bar: 0.7-1.3) | predicted / measured final: "
+        "design, baseline | paths diverged: design, baseline |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def fmt(g):
+        return f"{g[0]:.1%} +- {g[1]:.1%} [{g[2]:.1%}, {g[3]:.1%}]"
+
+    for r in rows_err:
+        inside = r[3][2] <= r[2][0] <= r[3][3]
+        ratio = r[3][0] / r[2][0]
+        print(
+            f"| {r[0]} | {r[1]} | {fmt(r[2])} | {fmt(r[3])} | {inside} "
+            f"| {ratio:.2f} ({'met' if abs(ratio - 1) <= 0.3 else 'not met'}) "
+            f"| {r[4][0]:.4f} +- {r[4][1]:.4f}, {r[5][0]:.4f} +- {r[5][1]:.4f} "
+            f"| {r[6]:.1%}, {r[7]:.1%} |"
+        )
+    seconds = time.perf_counter() - start
+    print(f"\n{args.seeds} seeds, {args.paths} paths; {seconds:.0f} s")
+    write_json(
+        args.json,
+        dict(
+            edges=rows_edge,
+            schedules=rows_sched,
+            gains=rows_gain,
+            errors=rows_err,
+            seconds=seconds,
+        ),
     )
 
 
