@@ -401,3 +401,29 @@ def test_directions_of_all_modes_are_each_mode_alone():
         ref = _directions_one_mode(U[:j, :, :k], U[j - 1, :, k], flow)
         np.testing.assert_allclose(got[k, :j], ref, rtol=1e-12, atol=1e-12)
         assert not np.any(got[k, j:])
+
+
+def test_blocks_of_records_are_the_whole():
+    """The gradient gap measured in blocks of records (compiled once whatever
+    their number; 11 records, the last block padded) equals it measured at
+    all records at once, and the eigendecompositions in blocks (19 matrices)
+    NumPy's: float64 roundoff."""
+    from nqfjax.experiments._shifts import eigh
+    from nqfjax.experiments.validity import _by_blocks, _gradient_gap
+
+    rng = np.random.default_rng(5)
+    structure = nqfjax.Perceptron(d=4, k=2)
+    xs = rng.standard_normal((30, 4))
+    ys = rng.standard_normal((30, 2))
+    Ws = 0.3 * rng.standard_normal((11, structure.p, 6))
+    whole = _gradient_gap(structure, xs, ys, Ws)
+    blocks = _by_blocks(_gradient_gap, structure, xs, Ws, ys)
+    for a, b in zip(whole, blocks):
+        np.testing.assert_allclose(b, np.asarray(a), rtol=1e-12, atol=1e-15)
+    A = rng.standard_normal((19, 5, 5))
+    A = A @ np.swapaxes(A, 1, 2)
+    lam, U = eigh(A)
+    np.testing.assert_allclose(lam, np.linalg.eigvalsh(A), rtol=1e-12)
+    np.testing.assert_allclose(
+        U @ (lam[..., None] * np.swapaxes(U, 1, 2)), A, atol=1e-12
+    )

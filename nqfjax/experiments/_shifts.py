@@ -18,6 +18,7 @@ import numpy as np
 
 _TINY = np.finfo(np.float64).tiny
 _xla_eigh = jax.jit(jnp.linalg.eigh)
+_BLOCK = 16
 
 
 def eigh(A) -> tuple[np.ndarray, np.ndarray]:
@@ -28,8 +29,14 @@ def eigh(A) -> tuple[np.ndarray, np.ndarray]:
     A = np.asarray(A, np.float64)
     if not jax.config.jax_enable_x64:
         return np.linalg.eigh(A)
-    lam, U = _xla_eigh(jnp.asarray(A))
-    return np.asarray(lam), np.asarray(U)
+    # in blocks of _BLOCK matrices (the last padded with identities): compiled
+    # once per size, whatever the number of records
+    n, p = A.shape[0], A.shape[-1]
+    A = np.concatenate([A, np.broadcast_to(np.eye(p), (-n % _BLOCK, p, p))])
+    parts = [_xla_eigh(A[i : i + _BLOCK]) for i in range(0, A.shape[0], _BLOCK)]
+    lam = np.concatenate([np.asarray(a) for a, _ in parts])[:n]
+    U = np.concatenate([np.asarray(u) for _, u in parts])[:n]
+    return lam, U
 
 
 def modes_and_flow(ts, W, learning_rate, G):

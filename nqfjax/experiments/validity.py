@@ -149,6 +149,29 @@ def _departures(structure, xs, Ws):
     return jax.lax.map(one, Ws)
 
 
+#: The records measured per compiled call (`_by_blocks`).
+_BLOCK = 8
+
+
+def _by_blocks(fn, structure, xs, Ws, *args) -> tuple[np.ndarray, ...]:
+    """`fn(structure, xs, *args, Ws)` (`_departures`, `_gradient_gap`) over
+    blocks of `_BLOCK` records of `Ws` (shape `(R, p, m)`; the last block
+    padded with the last record), float64 numpy: compiled once per layer and
+    inputs, whatever the number of records."""
+    R = Ws.shape[0]
+    if R == 0:
+        return tuple(np.asarray(a, np.float64) for a in fn(structure, xs, *args, Ws))
+    Ws = np.concatenate([Ws, np.repeat(Ws[-1:], -R % _BLOCK, 0)])
+    outs = [
+        fn(structure, xs, *args, Ws[i : i + _BLOCK])
+        for i in range(0, Ws.shape[0], _BLOCK)
+    ]
+    return tuple(
+        np.concatenate([np.asarray(o[k], np.float64) for o in outs])[:R]
+        for k in range(len(outs[0]))
+    )
+
+
 def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
     measured = np.isfinite(departure)
     if not np.any(measured):
@@ -311,7 +334,8 @@ def leading_order_validity(
     **Returns:** a `Validity`.
     """
     eager_only("leading_order_validity", "it reads the verdict on the host", xs=xs)
-    factors = jnp.asarray(factors)
+    # on the host: sliced and cut into blocks without a compilation per shape
+    factors = np.asarray(factors)
     ts = np.asarray(ts, np.float64)
     if factors.ndim != 3 or factors.shape[1] != structure.p:
         raise ValueError(
@@ -335,12 +359,12 @@ def leading_order_validity(
         )
     if not (isinstance(num_inputs, int | np.integer) and num_inputs >= 1):
         raise ValueError(f"`num_inputs` must be an int >= 1, got {num_inputs!r}.")
-    xs = check_batch(structure, jnp.asarray(xs)[:num_inputs])
+    xs = np.asarray(check_batch(structure, np.asarray(xs)[:num_inputs]))
     xs = xs.astype(jnp.result_type(xs.dtype, factors.dtype))
     with_ys = ys is not None and ts.shape[0] > 0
     lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
     if with_ys:
-        ys = jnp.asarray(ys, xs.dtype)[: xs.shape[0]]
+        ys = np.asarray(ys, xs.dtype)[: xs.shape[0]]
         if ys.shape != (xs.shape[0], structure.k):
             raise ValueError(
                 f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
@@ -355,12 +379,11 @@ def leading_order_validity(
         with_ys = kept.stop > kept.start
     if with_ys:
         ts, factors = ts[kept], factors[kept]
-        delta, quad, gap, grad, G = _gradient_gap(
-            structure, xs, ys, factors.astype(xs.dtype)
+        delta, quad, gap, grad, G = _by_blocks(
+            _gradient_gap, structure, xs, factors.astype(xs.dtype), ys
         )
     else:
-        delta, quad = _departures(structure, xs, factors)
-    delta, quad = (np.asarray(a, np.float64) for a in (delta, quad))
+        delta, quad = _by_blocks(_departures, structure, xs, factors)
     with np.errstate(invalid="ignore", divide="ignore"):
         departure = np.where(quad > 0, delta / quad, np.nan)
     if ys is None or ts.shape[0] == 0:
