@@ -403,11 +403,11 @@ def test_directions_of_all_modes_are_each_mode_alone():
         assert not np.any(got[k, j:])
 
 
-def test_blocks_of_records_are_the_whole():
-    """The gradient gap measured in blocks of records (compiled once whatever
-    their number; 11 records, the last block padded) equals it measured at
-    all records at once, and the eigendecompositions in blocks (19 matrices)
-    NumPy's: float64 roundoff."""
+def test_padded_records_and_blocks_are_the_whole():
+    """The gradient gap measured at records padded to a multiple of 8 (11
+    records: 16 measured, the last 5 dropped) equals it measured at the 11,
+    and the eigendecompositions in blocks of 16 (19 matrices) NumPy's: float64
+    roundoff."""
     from nqfjax.experiments._shifts import eigh
     from nqfjax.experiments.validity import _by_blocks, _gradient_gap
 
