@@ -427,3 +427,33 @@ def test_padded_records_and_blocks_are_the_whole():
     np.testing.assert_allclose(
         U @ (lam[..., None] * np.swapaxes(U, 1, 2)), A, atol=1e-12
     )
+
+
+def test_records_read_are_those_that_feed():
+    """`estimated_records` keeps the records up to the last switch-on and from
+    where |W|^2 reaches 1e-6 of its largest there: a second rank fed in
+    proportion to the first's squared size (a feed second order in the
+    weights), both growing at r from 1e-4 and 1e-8, the second switching on
+    at T. The shift from those records equals the one from all records to
+    within twice sqrt(1e-6) of its feed term (what the feed before the first
+    record read adds to D, relative; the feed term here about 0.02)."""
+    from nqfjax.experiments.validity import estimated_records, expected_shifts
+
+    eta, r, T = 0.1, 0.01, 3000.0
+    ts = np.linspace(0.0, 2 * T, 1201)
+    W = np.zeros((ts.size, 2, 3))
+    W[:, 0, 0] = 1e-4 * np.exp(r * ts / 2)
+    W[:, 1, 1] = 1e-8 * np.exp(r * ts / 2)
+    grad = -r / (2 * eta) * W
+    gap = np.zeros_like(W)
+    gap[:, 1, 2] = -1.6e-4 / eta * (W[:, 0, 0] / W[600, 0, 0]) ** 2
+    times = np.array([np.nan, T])
+    kept = estimated_records(ts, W, times)
+    assert kept.stop == 601  # records t <= T
+    size = np.sum(W[:601] ** 2, axis=(1, 2))
+    assert kept.start == np.argmax(size >= 1e-6 * size.max()) > 0
+    whole = expected_shifts(ts, W, gap, grad, eta, times)[1]
+    part = expected_shifts(ts[kept], W[kept], gap[kept], grad[kept], eta, times)[1]
+    assert abs(whole - r / 4) > 0.01  # the feed matters (D about 1)
+    assert part == pytest.approx(whole, abs=2e-3 * abs(whole - r / 4))
+    assert estimated_records(ts, W, [np.nan, np.nan]) == slice(0, 0)
