@@ -309,7 +309,7 @@ def test_direction_carried_back_is_the_flow():
     every record."""
     from scipy.linalg import expm
 
-    from nqfjax.experiments.validity import _carry_back, _directions
+    from nqfjax.experiments._shifts import carry_back, directions
 
     rng = np.random.default_rng(7)
     p, eta = 4, 0.1
@@ -317,13 +317,14 @@ def test_direction_carried_back_is_the_flow():
     G = -0.05 * (A @ A.T) / p
     ts = np.concatenate([[0.0], np.geomspace(1.0, 400.0, 9)])
     u = np.linalg.qr(rng.standard_normal((p, 1)))[0][:, 0]
-    flow = _carry_back(ts, eta, np.broadcast_to(G, (ts.size, p, p)))
-    psi = _directions(np.zeros((ts.size, p, 0)), u, flow)
+    flow = carry_back(ts, eta, np.broadcast_to(G, (ts.size, p, p)))
+    last = [ts.size - 1]
+    psi = directions(np.broadcast_to(u[:, None], (ts.size, p, 1)), last, flow)[0]
     for t, got in zip(ts, psi):
         ref = expm(-2 * eta * G * (ts[-1] - t)) @ u
         np.testing.assert_allclose(got, ref / np.linalg.norm(ref), rtol=1e-10)
-    P = np.broadcast_to(np.eye(p)[:, :1], (ts.size, p, 1))
-    psi = _directions(P, u, flow)
+    U = np.broadcast_to(np.stack([np.eye(p)[:, 0], u], 1), (ts.size, p, 2))
+    psi = directions(U, [-1] + last, flow)[1]
     assert np.max(np.abs(psi[:, 0])) < 1e-12
     np.testing.assert_allclose(np.linalg.norm(psi, axis=1), 1.0, rtol=1e-12)
 
@@ -360,3 +361,99 @@ def test_conv1d_third_switch_on_against_the_trained_network():
     assert np.max(np.abs(errors)) < 0.02
     np.testing.assert_allclose(shift, errors, atol=0.02)
     assert pred.validity.breaks_at > float(pred.switch_times[2])
+
+
+def _directions_one_mode(P, u, flow):
+    """The direction of one mode, record by record (the loop `directions`
+    batches over the modes): carried back by `flow`, less its parts along the
+    columns of `P[i]`, normalised."""
+    e = np.empty((P.shape[0], u.shape[0]))
+    psi = u
+    for i in range(P.shape[0] - 1, -1, -1):
+        if i < P.shape[0] - 1:
+            psi = flow[i] @ psi
+        psi = psi - P[i] @ (P[i].T @ psi)
+        e[i] = psi = psi / np.linalg.norm(psi)
+    return e
+
+
+def test_directions_of_all_modes_are_each_mode_alone():
+    """`directions` carries all modes back in one pass over the records: each
+    mode's direction, from its own last record, equals the one-mode loop's
+    with the larger modes' columns as `P` (random orthonormal modes at each of
+    12 records, a random symmetric flow; float64 roundoff, 1e-12), and is zero
+    after its last record and for a mode not estimated (`last` < 0)."""
+    from nqfjax.experiments._shifts import carry_back, directions
+
+    rng = np.random.default_rng(3)
+    R, p, c, eta = 12, 6, 4, 0.1
+    U = np.linalg.qr(rng.standard_normal((R, p, p)))[0][:, :, :c]
+    A = rng.standard_normal((R, p, p))
+    ts = np.cumsum(rng.uniform(1.0, 5.0, R))
+    flow = carry_back(ts, eta, -0.05 * A @ np.swapaxes(A, 1, 2) / p)
+    last = np.array([3, 11, -1, 7])
+    got = directions(U, last, flow)
+    for k in range(c):
+        if last[k] < 0:
+            assert not np.any(got[k])
+            continue
+        j = last[k] + 1
+        ref = _directions_one_mode(U[:j, :, :k], U[j - 1, :, k], flow)
+        np.testing.assert_allclose(got[k, :j], ref, rtol=1e-12, atol=1e-12)
+        assert not np.any(got[k, j:])
+
+
+def test_padded_records_and_blocks_are_the_whole():
+    """The gradient gap measured at records padded to a multiple of 8 (11
+    records: 16 measured, the last 5 dropped) equals it measured at the 11,
+    and the eigendecompositions in blocks of 16 (19 matrices) NumPy's: float64
+    roundoff."""
+    from nqfjax.experiments._shifts import eigh
+    from nqfjax.experiments.validity import _by_blocks, _gradient_gap
+
+    rng = np.random.default_rng(5)
+    structure = nqfjax.Perceptron(d=4, k=2)
+    xs = rng.standard_normal((30, 4))
+    ys = rng.standard_normal((30, 2))
+    Ws = 0.3 * rng.standard_normal((11, structure.p, 6))
+    whole = _gradient_gap(structure, xs, ys, Ws)
+    blocks = _by_blocks(_gradient_gap, structure, xs, Ws, ys)
+    for a, b in zip(whole, blocks):
+        np.testing.assert_allclose(b, np.asarray(a), rtol=1e-12, atol=1e-15)
+    A = rng.standard_normal((19, 5, 5))
+    A = A @ np.swapaxes(A, 1, 2)
+    lam, U = eigh(A)
+    np.testing.assert_allclose(lam, np.linalg.eigvalsh(A), rtol=1e-12)
+    np.testing.assert_allclose(
+        U @ (lam[..., None] * np.swapaxes(U, 1, 2)), A, atol=1e-12
+    )
+
+
+def test_records_read_are_those_that_feed():
+    """`estimated_records` keeps the records up to the last switch-on and from
+    where |W|^2 reaches 1e-6 of its largest there: a second rank fed in
+    proportion to the first's squared size (a feed second order in the
+    weights), both growing at r from 1e-4 and 1e-8, the second switching on
+    at T. The shift from those records equals the one from all records to
+    within twice sqrt(1e-6) of its feed term (what the feed before the first
+    record read adds to D, relative; the feed term here about 0.02)."""
+    from nqfjax.experiments.validity import estimated_records, expected_shifts
+
+    eta, r, T = 0.1, 0.01, 3000.0
+    ts = np.linspace(0.0, 2 * T, 1201)
+    W = np.zeros((ts.size, 2, 3))
+    W[:, 0, 0] = 1e-4 * np.exp(r * ts / 2)
+    W[:, 1, 1] = 1e-8 * np.exp(r * ts / 2)
+    grad = -r / (2 * eta) * W
+    gap = np.zeros_like(W)
+    gap[:, 1, 2] = -1.6e-4 / eta * (W[:, 0, 0] / W[600, 0, 0]) ** 2
+    times = np.array([np.nan, T])
+    kept = estimated_records(ts, W, times)
+    assert kept.stop == 601  # records t <= T
+    size = np.sum(W[:601] ** 2, axis=(1, 2))
+    assert kept.start == np.argmax(size >= 1e-6 * size.max()) > 0
+    whole = expected_shifts(ts, W, gap, grad, eta, times)[1]
+    part = expected_shifts(ts[kept], W[kept], gap[kept], grad[kept], eta, times)[1]
+    assert abs(whole - r / 4) > 0.01  # the feed matters (D about 1)
+    assert part == pytest.approx(whole, abs=2e-3 * abs(whole - r / 4))
+    assert estimated_records(ts, W, [np.nan, np.nan]) == slice(0, 0)

@@ -51,6 +51,7 @@ from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
 from ._modes import learned_count
+from ._shifts import modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
 
 
@@ -63,6 +64,11 @@ DEFAULT_TOLERANCE = 0.1
 #: (docs: "Where the leading order holds").
 DEFAULT_SHIFT_TOLERANCE = 0.03
 
+#: The expected shifts read the records from where the weights' squared norm
+#: reaches this fraction of its largest (`estimated_records`): a feed at least
+#: second order in the weights adds below a thousandth of the switch-on's.
+EARLY_CUT = 1e-6
+
 #: The inputs the departure is averaged over (the first ones of the data).
 DEFAULT_NUM_INPUTS = 512
 
@@ -73,7 +79,9 @@ class Validity(eqx.Module):
 
     **Attributes:**
 
-    - `ts`: the records where the departure was measured, shape `(R,)`.
+    - `ts`: the records where the departure was measured, shape `(R,)`: with
+      expected shifts, those they read (`estimated_records`: from where the
+      weights have grown to the last switch-on estimated), else all.
     - `departure`: $\varepsilon$ at those records (see the module), shape
       `(R,)`; NaN where the quadratic part is zero.
     - `tolerance`: the departure above which the leading order is said to break.
@@ -139,6 +147,23 @@ def _departures(structure, xs, Ws):
         return jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
 
     return jax.lax.map(one, Ws)
+
+
+#: The number of records measured is padded to a multiple of this
+#: (`_by_blocks`).
+_BLOCK = 8
+
+
+def _by_blocks(fn, structure, xs, Ws, *args) -> tuple[np.ndarray, ...]:
+    """`fn(structure, xs, *args, Ws)` (`_departures`, `_gradient_gap`) at the
+    records of `Ws` (shape `(R, p, m)`) padded with the last one to a multiple
+    of `_BLOCK`, float64 numpy: one compilation per layer, inputs and multiple
+    of `_BLOCK` (measured: blocks of 8 records, each a call, took 1.25 to 1.5
+    times as long on a compiled call; the padding 1.2 times at 25 records)."""
+    R = Ws.shape[0]
+    if R:
+        Ws = np.concatenate([Ws, np.repeat(Ws[-1:], -R % _BLOCK, 0)])
+    return tuple(np.asarray(a, np.float64)[:R] for a in fn(structure, xs, *args, Ws))
 
 
 def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
@@ -247,99 +272,20 @@ def expected_shifts(
     on within the records."""
     ts = np.asarray(ts, np.float64)
     W = np.asarray(factors, np.float64)
-    times = np.asarray(switch_times, np.float64)
-    c = min(times.shape[0], W.shape[1], W.shape[2])
-    out = np.full(times.shape[0], np.nan)
-    if c == 0 or ts.shape[0] < 2:
-        return out
-    lam, U = _eigh(W @ np.swapaxes(W, 1, 2))
-    lam = np.maximum(lam[:, ::-1][:, :c], np.finfo(np.float64).tiny)
-    U = U[:, :, ::-1][:, :, :c]
-    v = np.einsum("rpm,rpk->rkm", W, U)  # |v_k|^2 = lambda_k
-    gap = np.asarray(gap, np.float64)
-    grad_quad = np.asarray(grad_quad, np.float64)
-    flow = (
-        None
-        if generator is None
-        else _carry_back(ts, learning_rate, np.asarray(generator, np.float64))
+    times = np.asarray(switch_times, np.float64).reshape(-1)
+    G = None if generator is None else np.asarray(generator, np.float64)
+    lam, U, flow = modes_and_flow(ts, W, float(learning_rate), G)
+    return shifts(
+        ts,
+        W,
+        np.asarray(gap, np.float64),
+        np.asarray(grad_quad, np.float64),
+        float(learning_rate),
+        times,
+        lam,
+        U,
+        flow,
     )
-    for k in range(c):
-        T = times[k]
-        j = int(np.searchsorted(ts, T, side="right"))  # records t <= T
-        if not (np.isfinite(T) and T > 0 and j >= 2):
-            continue
-        # the direction that becomes the mode as it switches on, u_k(T): before
-        # T the k-th eigenvector by rank still mixes in modes that switch on
-        # later, and a feed on those does not reach the k-th switch-on
-        e = _directions(U[:j, :, :k], U[j - 1, :, k], flow)
-        x = np.einsum("rpm,rp->rm", W[:j], e)  # its pattern, |x|^2 its amplitude
-        a2 = np.maximum(np.sum(x * x, -1), np.finfo(np.float64).tiny)
-        s = -learning_rate * np.einsum("rpm,rp->rm", gap[:j], e)
-        g = np.einsum("rpm,rp->rm", grad_quad[:j], e)
-        rate = -2.0 * learning_rate * np.sum(g * x, -1) / a2  # d ln(a2)/dt
-        # the feed along a larger mode's pattern v_i (i < k; the v are
-        # orthogonal) only turns that learned mode toward e, and it turns
-        # back: not a feed
-        along = np.einsum("rm,rim->ri", s, v[:j, :k]) / lam[:j, :k]
-        s = s - np.einsum("ri,rim->rm", along, v[:j, :k])
-        start = times[k - 1] if k and np.isfinite(times[k - 1]) else ts[0]
-        after = ts[:j] >= start
-        r = float(np.max(rate[after | (np.arange(j) == j - 1)]))
-        if not r > 0:
-            continue
-        # a feed while the mode saturates (after the previous switch-on, its
-        # rate below r) moves the switch-on by r / rate(t) times more
-        gain = np.where(after, r / np.clip(rate, r / 4.0, r), 1.0)
-        fed = s * (gain / np.sqrt(a2))[:, None]
-        D = np.sum(0.5 * (fed[1:] + fed[:-1]) * np.diff(ts[:j])[:, None], 0)
-        D = D + fed[-1] * (T - ts[j - 1])  # the last piece, to the switch-on
-        rho = float(np.sum((x[-1] / np.sqrt(a2[-1]) + D) ** 2))
-        out[k] = -np.log(max(rho, 1e-300)) / (r * T) + r / 4.0
-    return out
-
-
-_xla_eigh = jax.jit(jnp.linalg.eigh)
-
-
-def _eigh(A) -> tuple[np.ndarray, np.ndarray]:
-    """`np.linalg.eigh` of a batch of small symmetric matrices, by XLA when it
-    computes in float64: right after a JAX computation, LAPACK's threads wait
-    on XLA's (measured: 0.7 s instead of 5 ms for 45 matrices of size 32 on
-    two cores)."""
-    A = np.asarray(A, np.float64)
-    if not jax.config.jax_enable_x64:
-        return np.linalg.eigh(A)
-    lam, U = _xla_eigh(jnp.asarray(A))
-    return np.asarray(lam), np.asarray(U)
-
-
-def _carry_back(ts, learning_rate, G) -> np.ndarray:
-    r"""The quadratic form's flow of a small mode between consecutive records,
-    $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ with $\bar G_i$ the mean of
-    `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
-    records, shape `(R - 1, p, p)`, symmetric."""
-    mu, V = _eigh(0.5 * (G[1:] + G[:-1]))
-    step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
-    return np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
-
-
-def _directions(P, u, flow) -> np.ndarray:
-    r"""The direction at each of `j` records that becomes the switching-on
-    mode `u` (shape `(p,)`) at the last one, less its parts along the larger
-    modes there (the columns of `P[i]`, shape `(j, p, k)`), shape `(j, p)`:
-    carried back by the quadratic form's flow of a small mode (`flow`, the
-    `_carry_back` of the records), $\psi(t) = \Phi(T, t)^\top u$; without
-    `flow`, `u` itself."""
-    j = P.shape[0]
-    e = np.empty((j, u.shape[0]))
-    psi = u
-    for i in range(j - 1, -1, -1):
-        if flow is not None and i < j - 1:
-            psi = flow[i] @ psi
-        psi = psi - P[i] @ (P[i].T @ psi)
-        psi = psi / max(float(np.linalg.norm(psi)), 1e-300)
-        e[i] = psi
-    return e
 
 
 def leading_order_validity(
@@ -358,7 +304,8 @@ def leading_order_validity(
     r"""The departure of the real layer from its quadratic form along the
     weights `factors` (one `(p, m)` matrix per record), over the first
     `num_inputs` of `xs`; with the targets `ys`, the expected shift of each
-    switch-on (see the module); and the verdict at `tolerance`.
+    switch-on (see the module), measured at the records they read
+    (`estimated_records`); and the verdict at `tolerance`.
 
     **Arguments:**
 
@@ -381,7 +328,8 @@ def leading_order_validity(
     **Returns:** a `Validity`.
     """
     eager_only("leading_order_validity", "it reads the verdict on the host", xs=xs)
-    factors = jnp.asarray(factors)
+    # on the host: sliced and cut into blocks without a compilation per shape
+    factors = np.asarray(factors)
     ts = np.asarray(ts, np.float64)
     if factors.ndim != 3 or factors.shape[1] != structure.p:
         raise ValueError(
@@ -405,35 +353,43 @@ def leading_order_validity(
         )
     if not (isinstance(num_inputs, int | np.integer) and num_inputs >= 1):
         raise ValueError(f"`num_inputs` must be an int >= 1, got {num_inputs!r}.")
-    xs = check_batch(structure, jnp.asarray(xs)[:num_inputs])
+    xs = np.asarray(check_batch(structure, np.asarray(xs)[:num_inputs]))
     xs = xs.astype(jnp.result_type(xs.dtype, factors.dtype))
     with_ys = ys is not None and ts.shape[0] > 0
+    lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
     if with_ys:
-        ys = jnp.asarray(ys, xs.dtype)[: xs.shape[0]]
+        ys = np.asarray(ys, xs.dtype)[: xs.shape[0]]
         if ys.shape != (xs.shape[0], structure.k):
             raise ValueError(
                 f"`ys` must have shape (n, k) with k = {structure.k}, got {ys.shape}."
             )
-        delta, quad, gap, grad, G = _gradient_gap(
-            structure, xs, ys, factors.astype(xs.dtype)
-        )
-    else:
-        delta, quad = _departures(structure, xs, factors)
-    delta, quad = (np.asarray(a, np.float64) for a in (delta, quad))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        departure = np.where(quad > 0, delta / quad, np.nan)
-    lag = float("nan") if growth_rate is None else float(growth_rate) / 4.0
-    if not with_ys:
-        times, shift = np.zeros(0), np.zeros(0)
-        breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
-    else:
+        W = np.asarray(factors, np.float64)
         times = (
-            _rank_times(ts, np.asarray(factors, np.float64))
+            _rank_times(ts, W)
             if switch_times is None
             else np.asarray(switch_times, np.float64).reshape(-1)
         )
-        shift = expected_shifts(
-            ts, factors, gap, grad, float(learning_rate), times, generator=G
+        kept = estimated_records(ts, W, times)
+        with_ys = kept.stop > kept.start
+    if with_ys:
+        ts, factors = ts[kept], factors[kept]
+        delta, quad, gap, grad, G = _by_blocks(
+            _gradient_gap, structure, xs, factors.astype(xs.dtype), ys
+        )
+    else:
+        delta, quad = _by_blocks(_departures, structure, xs, factors)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        departure = np.where(quad > 0, delta / quad, np.nan)
+    if ys is None or ts.shape[0] == 0:
+        times, shift = np.zeros(0), np.zeros(0)
+        breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
+    else:
+        shift = (
+            expected_shifts(
+                ts, factors, gap, grad, float(learning_rate), times, generator=G
+            )
+            if with_ys
+            else np.full(times.shape, np.nan)
         )
         breaks_at, verdict = _shift_verdict(ts, times, shift, tolerance, lag)
     return Validity(
@@ -446,6 +402,30 @@ def leading_order_validity(
         switch_times=jnp.asarray(times),
         expected_shift=jnp.asarray(shift),
     )
+
+
+def estimated_records(
+    ts: Float[ArrayLike, " R"],
+    W: Float[ArrayLike, "R p m"],
+    times: Float[ArrayLike, " c"],
+) -> slice:
+    r"""The records the expected shifts of the switch-ons `times` read: up to
+    the last one estimated (the records after it feed none), from the first
+    where $|W|^2$ reaches `EARLY_CUT` of its largest there (before it the real
+    layer's higher orders are smaller still: the feed is at least second order
+    in $W$, so what it adds to $D_k$ is below $\sqrt{\kappa}$ of it), with at
+    least 4 records before the first switch-on. Empty when no switch-on is
+    estimated."""
+    ts = np.asarray(ts, np.float64)
+    times = np.asarray(times, np.float64)
+    on = times[np.isfinite(times) & (times > 0)]
+    last = int(np.searchsorted(ts, np.max(on), side="right")) if on.size else 0
+    if last < 2:
+        return slice(0, 0)
+    size = np.sum(np.asarray(W, np.float64)[:last] ** 2, axis=(1, 2))
+    first = int(np.argmax(size >= EARLY_CUT * np.max(size)))
+    first_on = int(np.searchsorted(ts, np.min(on), side="right"))
+    return slice(min(first, max(first_on - 4, 0)), last)
 
 
 def _rank_times(ts, W) -> np.ndarray:
