@@ -40,7 +40,13 @@ import jax
 import jax.numpy as jnp
 
 from ._train_loop import sample_without_replacement
-from .sgd_moments import Moments, noise_factor, residual_moment
+from .sgd_moments import (
+    Moments,
+    diagonal_loss,
+    noise_factor,
+    residual_gradient,
+    residual_moment,
+)
 
 
 def path_loss(mom: Moments, M):
@@ -48,14 +54,14 @@ def path_loss(mom: Moments, M):
     `(m^T F4 m - 2 cy.m + y2) / 2 + sum_{k != l} F4_kl M_kl^2`."""
     m = jnp.diagonal(M)
     off = M - jnp.diag(m)
-    return 0.5 * (m @ mom.F4 @ m - 2 * mom.cy @ m + mom.y2) + jnp.sum(mom.F4 * off**2)
+    return diagonal_loss(mom, m) + jnp.sum(mom.F4 * off**2)
 
 
 def mean_gradient(mom: Moments, M):
     """`G = diag(F4 m - cy) + 2 F4 * X`, shape `(d, d)`: the mean minibatch
     gradient at `M` (`m` its diagonal, `X` the rest)."""
     m = jnp.diagonal(M)
-    return jnp.diag(mom.F4 @ m - mom.cy) + 2 * mom.F4 * (M - jnp.diag(m))
+    return jnp.diag(residual_gradient(mom, m)) + 2 * mom.F4 * (M - jnp.diag(m))
 
 
 def gaussian_step(mom: Moments, M, eta, c, z):
@@ -65,7 +71,7 @@ def gaussian_step(mom: Moments, M, eta, c, z):
     eye = jnp.eye(d, dtype=M.dtype)
     m = jnp.diagonal(M)
     off = M - jnp.diag(m)
-    g = mom.F4 @ m - mom.cy
+    g = residual_gradient(mom, m)
     G = jnp.diag(g) + 2 * mom.F4 * off
     E2 = residual_moment(mom, m, jnp.outer(m, m) + 2 * off**2)
     # the diagonal's covariance is PSD but singular at a noiseless minimum and a

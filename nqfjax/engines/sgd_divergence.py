@@ -65,7 +65,9 @@ from .sgd_moments import (
     Moments,
     check_batch_sizes,
     check_divergence_factor,
+    diagonal_loss,
     noise_factor,
+    residual_gradient,
     residual_moment,
     schedule_inputs,
     task_modes,
@@ -184,14 +186,12 @@ def _flip_learning_rate(mom: Moments):
     return 1.0 / (2 * jnp.linalg.eigvalsh(r[:, None] * mom.F4 * r[None, :])[-1])
 
 
-def _loss(mom: Moments, m):
-    return 0.5 * (m @ mom.F4 @ m - 2 * mom.cy @ m + mom.y2)
-
-
 def _diverged_fraction(mom, c, m0, noise, eta, factor):
     """The fraction of the runs (one per row of `noise`, `(paths, T, d)`) whose
     loss leaves `factor * max(L(m0), L(0))` within `T` steps."""
-    threshold = factor * jnp.maximum(_loss(mom, m0), _loss(mom, jnp.zeros_like(m0)))
+    threshold = factor * jnp.maximum(
+        diagonal_loss(mom, m0), diagonal_loss(mom, jnp.zeros_like(m0))
+    )
 
     d = m0.shape[0]
     F8_trace = jnp.einsum("ijkk->ij", mom.F8)
@@ -199,7 +199,7 @@ def _diverged_fraction(mom, c, m0, noise, eta, factor):
     def run(z):
         def step(carry, z_t):
             m, out = carry
-            g = mom.F4 @ m - mom.cy
+            g = residual_gradient(mom, m)
             mm = jnp.outer(m, m)
             cov = residual_moment(mom, m, mm) - jnp.outer(g, g)
             # the covariance is PSD, but singular at a noiseless minimum, and it
@@ -212,7 +212,7 @@ def _diverged_fraction(mom, c, m0, noise, eta, factor):
             chol = jnp.linalg.cholesky(cov + jitter * jnp.eye(d, dtype=m.dtype))
             g_hat = g + jnp.sqrt(c) * (chol @ z_t)
             new = (1 - 2 * eta * g_hat) ** 2 * m
-            L = _loss(mom, new)
+            L = diagonal_loss(mom, new)
             out = out | ~jnp.isfinite(L) | (L > threshold)
             # a diverged run is frozen, so nothing overflows
             return (jnp.where(out, m, new), out), None

@@ -136,7 +136,9 @@ class Moments(eqx.Module):
     """The input moments the step needs, in the mode basis (`x` in it):
     `F4[k, l] = E[x_k^2 x_l^2]`, `F8[i, j, k, l] = E[x_i^2 x_j^2 x_k^2 x_l^2]`,
     `cy[k] = E[y x_k^2]`, `Y6[i, k, l] = E[y x_i^2 x_k^2 x_l^2]`,
-    `Y8[k, l] = E[y^2 x_k^2 x_l^2]`, `y2 = E[y^2]`."""
+    `Y8[k, l] = E[y^2 x_k^2 x_l^2]`, `y2 = E[y^2]`; `m_star` the least-squares
+    amplitudes (`F4 m_star = cy`) and `floor` the loss there, computed without
+    the cancellation of `y2 - cy.m_star` (see `diagonal_loss`)."""
 
     F4: Array
     F8: Array
@@ -144,6 +146,24 @@ class Moments(eqx.Module):
     Y6: Array
     Y8: Array
     y2: Array
+    m_star: Array
+    floor: Array
+
+
+def diagonal_loss(mom: Moments, m):
+    """`(m^T F4 m - 2 cy.m + y2) / 2` as `(m - m*)^T F4 (m - m*) / 2 + floor`:
+    the same in exact arithmetic, but the first form is a difference of O(1)
+    terms that rounds to about `eps y2` (negative near a noiseless minimum in
+    float32, where `log L` is then NaN); the second is >= 0 and exact to
+    rounding relative to itself."""
+    e = m - mom.m_star
+    return 0.5 * e @ mom.F4 @ e + mom.floor
+
+
+def residual_gradient(mom: Moments, m):
+    """`F4 m - cy = E[e x_k^2]` at the mean, as `F4 (m - m*)` (no cancellation
+    near the minimum), shape `(d,)`."""
+    return mom.F4 @ (m - mom.m_star)
 
 
 @eqx.filter_jit
@@ -159,7 +179,8 @@ def _gaussian_moments(s, mu, sigma2, dtype) -> Moments:
     Y6 = jnp.einsum("j,jikl->ikl", mu, F8)
     Y8 = jnp.einsum("i,j,ijkl->kl", mu, mu, F8) + sigma2 * F4
     y2 = mu @ F4 @ mu + sigma2
-    return Moments(F4, F8, F4 @ mu, Y6, Y8, y2)
+    sigma2 = jnp.asarray(sigma2, dtype)
+    return Moments(F4, F8, F4 @ mu, Y6, Y8, y2, mu, 0.5 * sigma2)
 
 
 @eqx.filter_jit
@@ -173,7 +194,10 @@ def _sample_moments(xs, ys, dtype) -> Moments:
     F8 = jnp.einsum("ni,nj,nk,nl->ijkl", q, q, q, q) / n
     Y6 = jnp.einsum("n,ni,nk,nl->ikl", y, q, q, q) / n
     Y8 = jnp.einsum("n,nk,nl->kl", y**2, q, q) / n
-    return Moments(F4, F8, q.T @ y / n, Y6, Y8, jnp.mean(y**2))
+    cy = q.T @ y / n
+    m_star = jnp.linalg.lstsq(F4, cy)[0]
+    floor = 0.5 * jnp.mean((y - q @ m_star) ** 2)
+    return Moments(F4, F8, cy, Y6, Y8, jnp.mean(y**2), m_star, floor)
 
 
 def residual_moment(mom: Moments, m, second):
@@ -199,7 +223,7 @@ def _step(mom: Moments, n, state, eta, b):
     m, C, V = state
     d = m.shape[0]
     off = 1.0 - jnp.eye(d, dtype=m.dtype)
-    g = mom.F4 @ m - mom.cy  # E[e x_k^2] = G_kk at the mean
+    g = residual_gradient(mom, m)  # E[e x_k^2] = G_kk at the mean
     E2 = residual_moment(mom, m, jnp.outer(m, m) + C + 2 * V)
     c = noise_factor(b, n)
     A = 1 - 2 * eta * g
@@ -223,7 +247,7 @@ def _loss(mom: Moments, state):
     """`(mean loss, fluctuation part)` of a state:
     `E L = (m^T F4 m - 2 cy.m + y2) / 2 + sum (C + 2 V) * F4 / 2`."""
     m, C, V = state
-    mean = 0.5 * (m @ mom.F4 @ m - 2 * mom.cy @ m + mom.y2)
+    mean = diagonal_loss(mom, m)
     fluct = 0.5 * jnp.sum((C + 2 * V) * mom.F4)
     return mean + fluct, fluct
 
