@@ -50,10 +50,7 @@ def modes_and_flow(ts, W, learning_rate, G):
         return (*eigh(M), None)
     R = M.shape[0]
     lam, U = eigh(np.concatenate([M, 0.5 * (G[1:] + G[:-1])]))
-    mu, V = lam[R:], U[R:]
-    step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
-    flow = np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
-    return lam[:R], U[:R], flow
+    return lam[:R], U[:R], _flow(ts, learning_rate, lam[R:], U[R:])
 
 
 def carry_back(ts, learning_rate, G) -> np.ndarray:
@@ -62,7 +59,13 @@ def carry_back(ts, learning_rate, G) -> np.ndarray:
     `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
     records, shape `(R - 1, p, p)`, symmetric."""
     G = np.asarray(G, np.float64)
-    mu, V = eigh(0.5 * (G[1:] + G[:-1]))
+    return _flow(ts, learning_rate, *eigh(0.5 * (G[1:] + G[:-1])))
+
+
+def _flow(ts, learning_rate, mu, V) -> np.ndarray:
+    r"""$e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ from the eigenvalues `mu` (shape
+    `(R - 1, p)`) and eigenvectors `V` of the $\bar G_i$ (the exponent
+    clipped at 600 so nothing overflows)."""
     step = -2.0 * learning_rate * np.diff(ts)[:, None] * mu
     return np.einsum("rpi,ri,rqi->rpq", V, np.exp(np.minimum(step, 600.0)), V)
 
