@@ -403,23 +403,56 @@ def test_directions_of_all_modes_are_each_mode_alone():
         assert not np.any(got[k, j:])
 
 
-def test_padded_records_and_blocks_are_the_whole():
-    """The gradient gap measured at records padded to a multiple of 8 (11
-    records: 16 measured, the last 5 dropped) equals it measured at the 11,
-    and the eigendecompositions in blocks of 16 (19 matrices) NumPy's: float64
+def test_gradient_gap_on_a_range_of_records():
+    """The gradient gap measured on the records 3 to 8 of 11 (the range
+    traced) against autodiff of the real and the quadratic losses and NumPy's
+    eigendecompositions, record by record; zero outside the range; and the
+    eigendecompositions in blocks of 16 (19 matrices) NumPy's: float64
     roundoff."""
     from nqfjax.experiments._shifts import eigh
-    from nqfjax.experiments.validity import _by_blocks, _gradient_gap
+    from nqfjax.experiments.validity import _gradient_gap
 
     rng = np.random.default_rng(5)
     structure = nqfjax.Perceptron(d=4, k=2)
     xs = rng.standard_normal((30, 4))
     ys = rng.standard_normal((30, 2))
     Ws = 0.3 * rng.standard_normal((11, structure.p, 6))
-    whole = _gradient_gap(structure, xs, ys, Ws)
-    blocks = _by_blocks(_gradient_gap, structure, xs, Ws, ys)
-    for a, b in zip(whole, blocks):
-        np.testing.assert_allclose(b, np.asarray(a), rtol=1e-12, atol=1e-15)
+    got = [np.asarray(a) for a in _gradient_gap(structure, xs, ys, Ws, 3, 9)]
+    delta, quad, gap, grad, G, lam, U, mu, V = got
+    layer = jax.vmap(structure.layer, in_axes=(None, 0))
+    f0 = layer(jnp.zeros((structure.p, 1)), xs)
+
+    def real_loss(W):
+        return 0.5 * jnp.mean(jnp.sum((layer(W, xs) - ys) ** 2, -1))
+
+    def quad_loss(W):
+        f = f0 + structure.contract_factor(xs, W)
+        return 0.5 * jnp.mean(jnp.sum((f - ys) ** 2, -1))
+
+    for i in range(11):
+        if not 3 <= i < 9:
+            assert not any(np.any(a[i]) for a in got)
+            continue
+        W = Ws[i]
+        part = structure.contract_factor(xs, W)
+        departure = layer(W, xs) - f0 - part
+        assert delta[i] == pytest.approx(float(jnp.linalg.norm(departure)), 1e-12)
+        assert quad[i] == pytest.approx(float(jnp.linalg.norm(part)), 1e-12)
+        g_quad = jax.grad(quad_loss)(W)
+        np.testing.assert_allclose(grad[i], g_quad, rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(
+            gap[i], jax.grad(real_loss)(W) - g_quad, rtol=1e-10, atol=1e-13
+        )
+        np.testing.assert_allclose(G[i] @ W * 2, g_quad, rtol=1e-10, atol=1e-13)
+        M = W @ W.T
+        np.testing.assert_allclose(lam[i], np.linalg.eigvalsh(M), atol=1e-12)
+        np.testing.assert_allclose(U[i] @ (lam[i][:, None] * U[i].T), M, atol=1e-12)
+        if i > 3:
+            Gbar = 0.5 * (G[i - 1] + G[i])
+            np.testing.assert_allclose(mu[i], np.linalg.eigvalsh(Gbar), atol=1e-12)
+            np.testing.assert_allclose(
+                V[i] @ (mu[i][:, None] * V[i].T), Gbar, atol=1e-12
+            )
     A = rng.standard_normal((19, 5, 5))
     A = A @ np.swapaxes(A, 1, 2)
     lam, U = eigh(A)

@@ -50,7 +50,7 @@ def modes_and_flow(ts, W, learning_rate, G):
         return (*eigh(M), None)
     R = M.shape[0]
     lam, U = eigh(np.concatenate([M, 0.5 * (G[1:] + G[:-1])]))
-    return lam[:R], U[:R], _flow(ts, learning_rate, lam[R:], U[R:])
+    return lam[:R], U[:R], flow(ts, learning_rate, lam[R:], U[R:])
 
 
 def carry_back(ts, learning_rate, G) -> np.ndarray:
@@ -59,10 +59,10 @@ def carry_back(ts, learning_rate, G) -> np.ndarray:
     `G` (shape `(R, p, p)`, $\nabla_W L_{\rm quad} = 2 G W$) at the two
     records, shape `(R - 1, p, p)`, symmetric."""
     G = np.asarray(G, np.float64)
-    return _flow(ts, learning_rate, *eigh(0.5 * (G[1:] + G[:-1])))
+    return flow(ts, learning_rate, *eigh(0.5 * (G[1:] + G[:-1])))
 
 
-def _flow(ts, learning_rate, mu, V) -> np.ndarray:
+def flow(ts, learning_rate, mu, V) -> np.ndarray:
     r"""$e^{-2\eta (t_{i+1} - t_i) \bar G_i}$ from the eigenvalues `mu` (shape
     `(R - 1, p)`) and eigenvectors `V` of the $\bar G_i$ (the exponent
     clipped at 600 so nothing overflows)."""

@@ -51,7 +51,7 @@ from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
 from ._modes import learned_count
-from ._shifts import modes_and_flow, shifts
+from ._shifts import flow, modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
 
 
@@ -155,7 +155,7 @@ _BLOCK = 8
 
 
 def _by_blocks(fn, structure, xs, Ws, *args) -> tuple[np.ndarray, ...]:
-    """`fn(structure, xs, *args, Ws)` (`_departures`, `_gradient_gap`) at the
+    """`fn(structure, xs, *args, Ws)` (`_departures`) at the
     records of `Ws` (shape `(R, p, m)`) padded with the last one to a multiple
     of `_BLOCK`, float64 numpy: one compilation per layer, inputs and multiple
     of `_BLOCK` (measured: blocks of 8 records, each a call, took 1.25 to 1.5
@@ -224,19 +224,24 @@ def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
 
 
 @eqx.filter_jit
-def _gradient_gap(structure, xs, ys, Ws):
-    r"""At each record `W` of `Ws` (shape `(R, p, m)`): the norms of the real
-    layer's departure and of its quadratic part (as `_departures`), shapes
-    `(R,)`; the real layer's loss gradient less its quadratic form's,
-    $\delta g$, and the quadratic form's, shapes `(R, p, m)`; the loss
-    $\frac{1}{2n}\sum_x |f(x) - y|^2$; the quadratic form's in closed form,
-    $\frac{2}{n}\sum_x (f_{\rm quad}(x) - y) A(x) W$ (`weighted_apply`). One
-    forward and backward pass of the real layer per record."""
+def _gradient_gap(structure, xs, ys, Ws, start, stop):
+    r"""At the records `start <= i < stop` of `Ws` (shape `(R, p, m)`; both
+    traced, so one compilation serves every range): the norms of the real
+    layer's departure and of its quadratic part (as `_departures`); the real
+    layer's loss gradient less its quadratic form's, $\delta g$, and the
+    quadratic form's, shapes `(R, p, m)`, for the loss
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$, the quadratic form's in closed form
+    $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
+    (`weighted_sum`); the eigenvalues (ascending) and eigenvectors of $W W^\top$
+    and of $\bar G_i = (G_{i-1} + G_i)/2$ (`_shifts.flow`). Zero outside the
+    range. One forward and backward pass of the real layer per record."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
-    n = xs.shape[0]
+    n, (R, p, m) = xs.shape[0], Ws.shape
 
-    def one(W):
+    def body(i, carry):
+        out, G_prev = carry
+        W = Ws[i]
         f, pull_real = jax.vjp(
             lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
         )
@@ -246,10 +251,16 @@ def _gradient_gap(structure, xs, ys, Ws):
         G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
         g_quad = 2.0 * G @ W
         delta = f - f0 - quad
-        norms = jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2))
-        return *norms, g_real - g_quad, g_quad, G
+        lam, U = jnp.linalg.eigh(W @ W.T)
+        mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
+        now = (jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2)))
+        now += (g_real - g_quad, g_quad, G, lam, U, mu, V)
+        return tuple(o.at[i].set(a) for o, a in zip(out, now)), G
 
-    return jax.lax.map(one, Ws)
+    shapes = ((), (), (p, m), (p, m), (p, p), (p,), (p, p), (p,), (p, p))
+    out = tuple(jnp.zeros((R, *s), Ws.dtype) for s in shapes)
+    G0 = jnp.zeros((p, p), Ws.dtype)
+    return jax.lax.fori_loop(start, stop, body, (out, G0))[0]
 
 
 def expected_shifts(
@@ -372,10 +383,20 @@ def leading_order_validity(
         kept = estimated_records(ts, W, times)
         with_ys = kept.stop > kept.start
     if with_ys:
-        ts, factors = ts[kept], factors[kept]
-        delta, quad, gap, grad, G = _by_blocks(
-            _gradient_gap, structure, xs, factors.astype(xs.dtype), ys
+        # the whole trajectory, the range traced: compiled once per layer,
+        # inputs and number of records, whatever the records read
+        measured = _gradient_gap(
+            structure,
+            xs,
+            ys,
+            jnp.asarray(factors, xs.dtype),
+            np.int64(kept.start),
+            np.int64(kept.stop),
         )
+        delta, quad, gap, grad, _, lam, U, mu, V = (
+            np.asarray(a, np.float64)[kept] for a in measured
+        )
+        ts, factors = ts[kept], factors[kept]
     else:
         delta, quad = _by_blocks(_departures, structure, xs, factors)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -385,8 +406,16 @@ def leading_order_validity(
         breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
     else:
         shift = (
-            expected_shifts(
-                ts, factors, gap, grad, float(learning_rate), times, generator=G
+            shifts(
+                ts,
+                np.asarray(factors, np.float64),
+                gap,
+                grad,
+                float(learning_rate),
+                times,
+                lam,
+                U,
+                flow(ts, float(learning_rate), mu[1:], V[1:]),
             )
             if with_ys
             else np.full(times.shape, np.nan)
