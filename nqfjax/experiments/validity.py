@@ -69,6 +69,13 @@ DEFAULT_SHIFT_TOLERANCE = 0.03
 #: second order in the weights adds below a thousandth of the switch-on's.
 EARLY_CUT = 1e-6
 
+#: The expected shifts read the records from the last one before which the
+#: weights carry this share of $\int |W| dt$ up to the last switch-on
+#: (`estimated_records`): the feed relative to a waiting mode grows at least
+#: as $|W|$, so it adds at most about that share of $D_k$ there (the initial
+#: weights, before they grow, at init `1e-3` and `1e-4`).
+EARLY_SHARE = 1e-3
+
 #: The inputs the departure is averaged over (the first ones of the data).
 DEFAULT_NUM_INPUTS = 512
 
@@ -152,6 +159,10 @@ def _departures(structure, xs, Ws):
 #: The number of records measured is padded to a multiple of this
 #: (`_by_blocks`).
 _BLOCK = 8
+
+#: The trajectory whose records the expected shifts read is padded to a
+#: multiple of this (`_gradient_gap` runs only on the records read).
+_RECORDS = 32
 
 
 def _by_blocks(fn, structure, xs, Ws, *args) -> tuple[np.ndarray, ...]:
@@ -382,21 +393,11 @@ def leading_order_validity(
         )
         kept = estimated_records(ts, W, times)
         with_ys = kept.stop > kept.start
+    shift = None
     if with_ys:
-        # the whole trajectory, the range traced: compiled once per layer,
-        # inputs and number of records, whatever the records read
-        measured = _gradient_gap(
-            structure,
-            xs,
-            ys,
-            jnp.asarray(factors, xs.dtype),
-            np.int64(kept.start),
-            np.int64(kept.stop),
+        ts, delta, quad, shift = _read_records(
+            structure, xs, ys, factors, ts, kept, float(learning_rate), times
         )
-        delta, quad, gap, grad, _, lam, U, mu, V = (
-            np.asarray(a, np.float64)[kept] for a in measured
-        )
-        ts, factors = ts[kept], factors[kept]
     else:
         delta, quad = _by_blocks(_departures, structure, xs, factors)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -405,32 +406,45 @@ def leading_order_validity(
         times, shift = np.zeros(0), np.zeros(0)
         breaks_at, verdict = _verdict(ts, departure, tolerance, lag)
     else:
-        shift = (
-            shifts(
-                ts,
-                np.asarray(factors, np.float64),
-                gap,
-                grad,
-                float(learning_rate),
-                times,
-                lam,
-                U,
-                flow(ts, float(learning_rate), mu[1:], V[1:]),
-            )
-            if with_ys
-            else np.full(times.shape, np.nan)
-        )
+        shift = np.full(times.shape, np.nan) if shift is None else shift
         breaks_at, verdict = _shift_verdict(ts, times, shift, tolerance, lag)
+    # one transfer for the four arrays
+    ts, departure, times, shift = jax.device_put((ts, departure, times, shift))
     return Validity(
-        ts=jnp.asarray(ts),
-        departure=jnp.asarray(departure),
+        ts=ts,
+        departure=departure,
         tolerance=float(tolerance),
         breaks_at=breaks_at,
         discretisation_lag=lag,
         verdict=verdict,
-        switch_times=jnp.asarray(times),
-        expected_shift=jnp.asarray(shift),
+        switch_times=times,
+        expected_shift=shift,
     )
+
+
+def _read_records(structure, xs, ys, factors, ts, kept, learning_rate, times):
+    """`(ts, ||delta||, ||quadratic||, expected shifts)` at the records `kept`
+    (`estimated_records`) of the weights `factors` at `ts`."""
+    # the whole trajectory padded with zeros to a multiple of _RECORDS, the
+    # range traced: compiled once per layer, inputs and multiple of _RECORDS,
+    # whatever the records read
+    padded = np.zeros((-(-ts.shape[0] // _RECORDS) * _RECORDS, *factors.shape[1:]))
+    padded[: ts.shape[0]] = factors
+    measured = _gradient_gap(
+        structure,
+        xs,
+        ys,
+        padded.astype(xs.dtype),
+        np.int64(kept.start),
+        np.int64(kept.stop),
+    )
+    delta, quad, gap, grad, _, lam, U, mu, V = (
+        np.asarray(a, np.float64)[kept] for a in measured
+    )
+    ts, W = ts[kept], np.asarray(factors, np.float64)[kept]
+    flows = flow(ts, learning_rate, mu[1:], V[1:])
+    shift = shifts(ts, W, gap, grad, learning_rate, times, lam, U, flows)
+    return ts, delta, quad, shift
 
 
 def estimated_records(
@@ -442,8 +456,13 @@ def estimated_records(
     the last one estimated (the records after it feed none), from the first
     where $|W|^2$ reaches `EARLY_CUT` of its largest there (before it the real
     layer's higher orders are smaller still: the feed is at least second order
-    in $W$, so what it adds to $D_k$ is below $\sqrt{\kappa}$ of it), with at
-    least 4 records before the first switch-on. Empty when no switch-on is
+    in $W$, so what it adds to $D_k$ is below $\sqrt{\kappa}$ of it) and from
+    the last before which $\int |W| dt$ is `EARLY_SHARE` of its whole (the
+    feed relative to the waiting mode grows at least as $|W|$: at least third
+    order in $W$, the waiting mode growing no faster than $W$; so what those
+    records add to $D_k$ is at most about that share: the initial weights,
+    waiting, at larger inits), with
+    at least 4 records before the first switch-on. Empty when no switch-on is
     estimated."""
     ts = np.asarray(ts, np.float64)
     times = np.asarray(times, np.float64)
@@ -453,6 +472,12 @@ def estimated_records(
         return slice(0, 0)
     size = np.sum(np.asarray(W, np.float64)[:last] ** 2, axis=(1, 2))
     first = int(np.argmax(size >= EARLY_CUT * np.max(size)))
+    # the records before the one where int |W| dt passes EARLY_SHARE of it
+    norm = np.sqrt(size)
+    span = np.concatenate(
+        [[0.0], np.cumsum(0.5 * (norm[1:] + norm[:-1]) * np.diff(ts[:last]))]
+    )
+    first = max(first, int(np.argmax(span > EARLY_SHARE * span[-1])) - 1)
     first_on = int(np.searchsorted(ts, np.min(on), side="right"))
     return slice(min(first, max(first_on - 4, 0)), last)
 
