@@ -236,6 +236,28 @@ def test_expected_shift_of_a_fed_mode_is_the_closed_form():
     assert turned[1] == pytest.approx(r / 4, rel=1e-9)
 
 
+def test_feed_along_the_own_pattern_compounds():
+    """The same two ranks, the second fed along its own pattern, s = d v_2
+    per step (a change d of its growth rate d ln|v_2|/dt): its amplitude at
+    the switch-on is multiplied by e^{d T}, so the switch-on moves by
+    -2 d / r, plus the lag r/4 (not -2 ln(1 + d T) / (r T), the first order
+    that adding the feed would give: -3.4% here instead of -4%). Float64,
+    the trapezoid on 4001 records."""
+    from nqfjax.experiments.validity import expected_shifts
+
+    eta, r, b0, d, T = 0.1, 0.01, 1e-4, 2e-4, 2000.0
+    ts = np.linspace(0.0, T, 4001)
+    W = np.zeros((ts.size, 2, 3))
+    W[:, 0, 0] = 1.0 * np.exp(r * ts / 2)
+    W[:, 1, 1] = b0 * np.exp(r * ts / 2)
+    grad = -r / (2 * eta) * W
+    gap = np.zeros_like(W)
+    gap[:, 1, 1] = -d / eta * W[:, 1, 1]  # s = -eta gap^T u_2 = d v_2
+    shift = expected_shifts(ts, W, gap, grad, eta, [np.nan, T])
+    assert shift[1] == pytest.approx(-2 * d / r + r / 4, rel=1e-6)
+    assert abs(shift[1] - (-2 * np.log1p(d * T) / (r * T) + r / 4)) > 0.005
+
+
 def test_expected_shift_matches_the_trained_run(wine_run):
     """Wine at width 8, init 1e-3, learning rate 0.05 (r = 0.14 per step): the
     expected shifts of the two switch-ons against the real network's measured

@@ -8,7 +8,8 @@ For the `k`-th switch-on at $T_k$: $\psi_k(t) = \Phi(T_k, t)^\top u_k$ less its
 parts along the larger modes (see `validity`), the pattern
 $x_k = W^\top \psi_k$, the feed $s_k = -\eta\,\delta g^\top \psi_k$ less its
 parts along the larger modes' patterns, and
-$\epsilon_k = -\ln |\hat x_k(T_k) + D_k|^2 / (r_k T_k) + r_k / 4$.
+$\epsilon_k = -\ln |e^{\phi_k} \hat x_k(T_k) + D_k|^2 / (r_k T_k) + r_k / 4$
+($\phi_k$ the feed along the pattern, compounding; $D_k$ the feed across it).
 """
 
 import jax
@@ -139,16 +140,26 @@ def shifts(ts, W, gap, grad_quad, learning_rate, times, lam, U, flow):
     # a feed while the mode saturates moves the switch-on by r / rate(t) more
     gain = np.where(after, r_safe / np.clip(rate, r_safe / 4.0, r_safe), 1.0)
     fed = s * np.where(valid, gain / np.sqrt(a2), 0.0)[..., None]
-    seg = (rows[None, 1:] <= last[:, None])[..., None]  # segments ending in range
-    D = np.sum(
-        np.where(seg, 0.5 * (fed[:, 1:] + fed[:, :-1]), 0.0)
-        * np.diff(ts)[None, :, None],
-        1,
-    )
+    # the feed along the mode's own pattern changes its growth rate: it
+    # compounds; the feed across it adds a part that grows with the mode
+    unit = x / np.sqrt(a2)[..., None]
+    own = np.sum(fed * unit, -1)  # (c, R): added to d ln|x_k|/dt
+    fed = fed - own[..., None] * unit
+    seg = rows[None, 1:] <= last[:, None]  # segments ending in range
     k = np.arange(c)
     lk = np.maximum(last, 0)
-    D = D + fed[k, lk] * (T - ts[lk])[:, None]  # the last piece, to the switch-on
-    rho = np.sum((x[k, lk] / np.sqrt(a2[k, lk])[:, None] + D) ** 2, -1)
+    dt = np.diff(ts)
+    to_on = T - ts[lk]  # the last piece, to the switch-on
+
+    def integral(f):
+        # trapezoid over the records read, then the last piece: axis 1 of f
+        mid = 0.5 * (f[:, 1:] + f[:, :-1]) * dt[None, :, None]
+        return np.sum(np.where(seg[..., None], mid, 0.0), 1) + f[k, lk] * to_on[:, None]
+
+    D = integral(fed)
+    phi = integral(own[..., None])[:, 0]
+    grown = np.exp(np.minimum(phi, 300.0))[:, None] * unit[k, lk]
+    rho = np.sum((grown + D) ** 2, -1)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         est = -np.log(np.maximum(rho, 1e-300)) / (r_safe[:, 0] * T) + r_safe[:, 0] / 4
     out[:c] = np.where(ok, est, np.nan)

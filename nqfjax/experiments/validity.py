@@ -32,8 +32,11 @@ by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top \psi_k$
 per step, less its parts along the larger modes' $v_j = W^\top u_j$ ($j < k$:
 those turn a learned mode toward $\psi_k$, and it turns back). Carried to the
 switch-on at the predicted growth, the higher orders change the mode's
-amplitude by the factor $\rho_k = |\hat x_k(T_k) + D_k|^2$,
-$D_k = \int_0^{T_k} w_k\, s_k / \sqrt{a_k}\,dt$, which moves the
+amplitude by the factor $\rho_k = |e^{\phi_k} \hat x_k(T_k) + D_k|^2$: the
+feed along the pattern itself changes the mode's own growth rate and
+compounds, $\phi_k = \int_0^{T_k} w_k\, s_k \cdot \hat x_k / \sqrt{a_k}\,dt$;
+the feed across it, $s_k^\perp$, adds a part that grows with the mode,
+$D_k = \int_0^{T_k} w_k\, s_k^\perp / \sqrt{a_k}\,dt$. That moves the
 switch-on by $-\ln \rho_k / r_k$ at the mode's linear growth rate $r_k$; the
 weight $w_k = r_k / r_k(t)$ (at most 4) after the previous switch-on, while the
 mode's rate $r_k(t)$ falls as it saturates, 1 before. The *expected shift* is
