@@ -536,7 +536,7 @@ def main():
         )
     print(
         "\n| setting | schedule | peak | predicted final | predicted diverged "
-        "| real final | real diverged | error |"
+        "| real final | real diverged | measured / predicted - 1 |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows_sched:

@@ -255,3 +255,22 @@ def test_schedules_vs_sgd_quick(tmp_path):
     assert measured[0] == pytest.approx(gain_real, rel=1e-9, abs=1e-12)
     for gain, se, lo, hi in (predicted, measured):
         assert se > 0 and lo <= gain <= hi and hi - lo < 8 * se
+
+
+@pytest.mark.slow  # ~30 s: 1024 runs of real SGD and of the paths, setting B
+def test_schedules_final_loss_quick(tmp_path):
+    """`schedules_final_loss.py --quick` (setting B's constant at 0.1, near
+    its edge: 3-4% of the runs lost; 1024 real seeds and 1024 paths): at
+    integer batches the sampled paths are SGD
+    itself, so the geometric mean's ratio is 1 and the runs lost agree, each
+    within 4 standard errors (the ratio's from the two samples' spread of
+    `ln L_T`, the fractions' binomial); every bootstrap error positive."""
+    result = run_quick("schedules_final_loss.py", tmp_path)
+    ratio, se = result["geometric"]
+    assert se > 0 and abs(ratio - 1) < 4 * se, result["geometric"]
+    p, m = result["diverged"]
+    n = result["runs"]
+    sd = np.sqrt((p * (1 - p) + m * (1 - m)) / n)
+    assert abs(p - m) <= 4 * sd + 1 / n, result["diverged"]
+    for _, value, s in result["quantiles"] + result["bands"]:
+        assert s > 0 and np.isfinite(value)
