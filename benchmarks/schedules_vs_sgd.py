@@ -35,7 +35,8 @@ Real SGD is a plain-JAX loop written here, independently of the library:
 samples every step, a run diverged once its loss exceeds 1e4 max(L_0, L(0)).
 `--quick`: one setting, batch 16, fewer seeds and iterations; `--minibatch
 gaussian`: the criterion's paths with the Gaussian minibatch gradient (the
-default is real sampled minibatches); `--batches` with no value: no edges.
+default is real sampled minibatches); `--batches` with no value: no edges;
+`--edges-only`: the edges alone.
 The measured tables, and what they mean, are in benchmarks/README.md.
 """
 
@@ -376,6 +377,8 @@ def run_setting(name, cfg, args, rows_edge, rows_sched, rows_gain, rows_err):
             (name, b, pred, real, pred / real - 1, time.perf_counter() - t0)
         )
         print(f"  edge b={b}: predicted {pred:.4f}, real {real:.4f}", flush=True)
+    if args.edges_only:
+        return
 
     save = f"{args.save_designs}_{name[0]}.npz" if args.save_designs else ""
     d = design(cfg, args, save)
@@ -498,6 +501,9 @@ def main():
     parser.add_argument("--peaks", type=int, default=12)
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16, 64])
     parser.add_argument("--settings", type=str, nargs="+", default=["A", "B", "C"])
+    parser.add_argument(
+        "--edges-only", action="store_true", help="the stability edges alone"
+    )
     parser.add_argument(
         "--minibatch", choices=["sampled", "gaussian"], default="sampled"
     )
