@@ -14,6 +14,10 @@ another: plateaus and sudden drops). Each records in well under a minute.
 runs of `RUNS` and forecast only once, after (issue 29): other seeds, other
 data (diabetes, MNIST-1D's class 5, a second attention teacher), a wider
 perceptron, SGD with momentum and Adam with a linear warm-up.
+`HELD_OUT_2` are a third set, recorded before the forecast's second revision
+(on the runs of `RUNS` and `HELD_OUT`) and forecast only once, after it:
+other seeds, widths and initial scales, breast cancer with Adam, MNIST-1D's
+class 7 and a third attention teacher.
 
     python benchmarks/record_runs.py            # every run, held out too
     python benchmarks/record_runs.py iris_gd    # just these
@@ -63,8 +67,8 @@ def teacher_sequences(n: int, seed: int = 0, T: int = 4, d: int = 4):
 
 def data(name: str):
     """`(structure, xs, ys)` of a data set (`mnist1d_5`: class 5 rather than
-    2; `attention_b`: the teacher of seed 1; `diabetes`: the regression
-    target)."""
+    2; `mnist1d_7`: class 7 of other signals; `attention_b`, `attention_c`:
+    the teachers of seeds 1 and 2; `diabetes`: the regression target)."""
     if name == "diabetes":
         xs, ys = nqfjax.load_dataset("diabetes", target="label", dtype=np.float64)
         return nqfjax.Perceptron(d=xs.shape[1], k=1), xs, ys
@@ -72,8 +76,12 @@ def data(name: str):
         xs, ys = nqfjax.load_dataset("mnist1d", n=300, seed=1, dtype=np.float64)
         y = ys[:, 5:6]
         return nqfjax.Conv1D(length=40, kernel_size=5, stride=5), xs, y / y.std()
-    if name == "attention_b":
-        xs, ys = teacher_sequences(256, seed=1)
+    if name == "mnist1d_7":
+        xs, ys = nqfjax.load_dataset("mnist1d", n=300, seed=2, dtype=np.float64)
+        y = ys[:, 7:8]
+        return nqfjax.Conv1D(length=40, kernel_size=5, stride=5), xs, y / y.std()
+    if name in ("attention_b", "attention_c"):
+        xs, ys = teacher_sequences(256, seed=1 if name == "attention_b" else 2)
         return nqfjax.QKAttention(T=4, d=4), xs, ys
     if name in ("iris", "wine", "breast_cancer"):
         xs, ys = nqfjax.load_dataset(name, dtype=np.float64)
@@ -118,8 +126,20 @@ HELD_OUT = {
     "attention_b_momentum": ("attention_b", "momentum", 0.02, 20_000, 1e-2, 16, 6),
 }
 
+#: name: (data set, optimizer, learning rate, steps, initial scale, width,
+#: seed); the third set, held out from the forecast's second revision
+HELD_OUT_2 = {
+    "iris_wide_gd": ("iris", "gd", 0.02, 20_000, 3e-3, 32, 7),
+    "breast_cancer_adam": ("breast_cancer", "adam", 3e-4, 10_000, 1e-3, 16, 8),
+    "wine_gd_b": ("wine", "gd", 0.01, 20_000, 3e-4, 16, 9),
+    "digits_wide_adam": ("digits", "adam", 3e-4, 10_000, 3e-4, 32, 10),
+    "mnist1d_7_gd": ("mnist1d_7", "gd", 0.04, 20_000, 1e-3, 16, 11),
+    "attention_c_adam": ("attention_c", "adam", 2e-4, 10_000, 1e-2, 16, 12),
+    "attention_c_gd": ("attention_c", "gd", 0.1, 20_000, 1e-2, 16, 13),
+}
+
 #: every run, by name: (data set, optimizer, rate, steps, scale, width, seed)
-ALL = {**{k: (*v, 16, 0) for k, v in RUNS.items()}, **HELD_OUT}
+ALL = {**{k: (*v, 16, 0) for k, v in RUNS.items()}, **HELD_OUT, **HELD_OUT_2}
 
 
 def _momentum(lr):
