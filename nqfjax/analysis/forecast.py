@@ -33,6 +33,7 @@ from .continuations import (
     backtest_band,
     flat_curve,
     power_law_curve,
+    staircase_curve,
     tail_curve,
 )
 from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
@@ -52,7 +53,7 @@ _BAND_SCALE = 3.0
 _DECISIVE = 0.9
 
 #: The continuations `forecast` chooses among (`model="auto"`).
-MODELS = ("spectrum", "tail", "power law", "flat")
+MODELS = ("spectrum", "tail", "power law", "staircase", "flat")
 
 
 class Forecast(eqx.Module):
@@ -89,7 +90,8 @@ class Forecast(eqx.Module):
     - `found`, `reason`: whether there was anything to forecast from (a flat,
       zero or rising prefix has nothing; the numbers are then NaN).
     - `model`: the continuation with the largest weight (`"spectrum"`,
-      `"tail"`, `"power law"` or `"flat"`, the last value kept); `weights`:
+      `"tail"`, `"power law"`, `"staircase"` or `"flat"`, the last value
+      kept); `weights`:
       each candidate's weight, as `(name, weight)` pairs.
     """
 
@@ -221,9 +223,10 @@ def forecast(
     and weighs its continuation to `until` against simpler ones: a power law
     with a floor fitted to the prefix's last stretch (as many e-folds of `t` as
     the horizon `X = ln(until / ts[-1])`; a settled tail), a power law with a
-    shift and a floor fitted to the later half of the prefix in $\log t$, and
-    the last value kept. Each candidate is moved to pass through the last
-    observed value.
+    shift and a floor fitted to the later half of the prefix in $\log t$, the
+    staircase of `fit_staircase` (drops and a floor) continued (a drop in
+    progress completed, then the floor), and the last value kept. Each
+    candidate is moved to pass through the last observed value.
 
     **The backtest.** Each candidate also forecasts the prefix itself from
     earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
@@ -264,7 +267,8 @@ def forecast(
       the largest fraction of the prefix's span in $\log t$ cut from its end.
     - `key`: PRNG key for the draws (default `key(0)`).
     - `model`: `"auto"` (default: the backtest-weighted average) or one
-      candidate: `"spectrum"`, `"tail"`, `"power law"` or `"flat"`.
+      candidate: `"spectrum"`, `"tail"`, `"power law"`, `"staircase"` or
+      `"flat"`.
 
     **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
     for a prefix that is zero, flat or rising).
@@ -345,7 +349,12 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
             theta, _, _ = _fit_prefix(t, y, ly, before, p, n_modes, steps, dtype)
         return np.asarray(_log_model_at(theta, jnp.asarray(at, dtype), p, n_modes))
 
-    every = dict(zip(MODELS, (spectrum, tail_curve, power_law_curve, flat_curve)))
+    every = dict(
+        zip(
+            MODELS,
+            (spectrum, tail_curve, power_law_curve, staircase_curve, flat_curve),
+        )
+    )
     names = MODELS if model == "auto" else (model,)
     horizon = float(np.log(until / t[use][-1]))
     errors, fractions = backtest(t, ly, use, horizon, {n: every[n] for n in names})
