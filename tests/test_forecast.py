@@ -174,3 +174,43 @@ def test_forecast_recorded_runs_against_naive_baselines(held_out):
     assert len(both) >= BOTH_WON[held_out]
     low, high = COVERAGE[held_out]
     assert low <= inside / total <= high
+
+
+@pytest.mark.slow  # six forecasts of a recorded run (~1 minute)
+def test_band_holds_the_candidates_spread():
+    """The band of the backtest-weighted average: symmetric in `log L`, and at
+    least the normal quantile (1.645 at 90%) times the candidates' weighted
+    rms spread about the average, each candidate's continuation taken from
+    its own forecast (`model=`): the between-model part of a model
+    average's variance (the backtest error adds to it in quadrature)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import forecast_runs
+
+    t, y = forecast_runs.load_run("iris_gd")  # weights spread over all five
+    seen = t <= 0.3 * t[-1]
+    fc = nqfjax.forecast(t[seen], y[seen], t[-1], level=0.9)
+    weights = dict(fc.weights)
+    assert max(weights.values()) < 0.9  # an average, not one candidate
+    centre = np.log(np.asarray(fc.loss))
+    spread = np.sqrt(
+        sum(
+            w
+            * (
+                np.log(
+                    np.asarray(nqfjax.forecast(t[seen], y[seen], t[-1], model=n).loss)
+                )
+                - centre
+            )
+            ** 2
+            for n, w in weights.items()
+        )
+    )
+    widen = max(float(fc.rms) if fc.model == "spectrum" else 0.0, 0.02)
+    up = np.log(np.asarray(fc.upper)) - centre - widen
+    down = centre - np.log(np.asarray(fc.lower)) - widen
+    np.testing.assert_allclose(up, down, atol=1e-9)  # symmetric
+    assert np.all(up >= 1.6448536 * spread - 1e-9)
+    assert np.max(spread) > 0.02  # the candidates do disagree (measured 0.042)
