@@ -22,6 +22,8 @@ Against two naive baselines, scored the same way:
 
     python benchmarks/forecast_runs.py               # the development runs
     python benchmarks/forecast_runs.py --held-out    # the held-out runs
+    python benchmarks/forecast_runs.py --held-out-2  # the third set
+    python benchmarks/forecast_runs.py --held-out-3  # the fourth set
     python benchmarks/forecast_runs.py iris_gd ...   # just these
 """
 
@@ -56,14 +58,17 @@ def load_run(name: str) -> tuple[np.ndarray, np.ndarray]:
     return curve.ts, curve.loss
 
 
-def run_names(held_out: bool = False) -> list[str]:
-    """The runs `record_runs.py` records: those the forecast was developed on,
-    or with `held_out` those kept from its development (the folder also holds
-    the staircase runs of `examples/runs/record.py`, which sit on their last
-    plateau from 30% of their steps on)."""
-    from record_runs import HELD_OUT, RUNS as RECORDED
+def run_names(held_out: bool | int = False) -> list[str]:
+    """The runs `record_runs.py` records: those the forecast was first
+    developed on, or with `held_out` those kept from its first revision
+    (`True` or 1: `HELD_OUT`), from its second (2: `HELD_OUT_2`) or from
+    its third (3: `HELD_OUT_3`) (the
+    folder also holds the staircase runs of `examples/runs/record.py`, which
+    sit on their last plateau from 30% of their steps on)."""
+    from record_runs import HELD_OUT, HELD_OUT_2, HELD_OUT_3, RUNS as RECORDED
 
-    return sorted(HELD_OUT if held_out else RECORDED)
+    sets = {0: RECORDED, 1: HELD_OUT, 2: HELD_OUT_2, 3: HELD_OUT_3}
+    return sorted(sets[int(held_out)])
 
 
 def interval_score(lower, upper, truth, level: float = LEVEL) -> float:
@@ -169,8 +174,9 @@ def wins(result: dict) -> tuple[bool, bool]:
 
 
 def main(names):
-    held_out = "--held-out" in names
-    names = [n for n in names if n != "--held-out"] or run_names(held_out)
+    flags = {"--held-out": 1, "--held-out-2": 2, "--held-out-3": 3}
+    held_out = max([flags.get(n, 0) for n in names], default=0)
+    names = [n for n in names if not n.startswith("--")] or run_names(held_out)
     print(
         f"{'run':18s} {'model':9s} {'s':>5s}  "
         + "  ".join(f"{m + ' err/IS/cov':>22s}" for m in METHODS)

@@ -14,6 +14,15 @@ another: plateaus and sudden drops). Each records in well under a minute.
 runs of `RUNS` and forecast only once, after (issue 29): other seeds, other
 data (diabetes, MNIST-1D's class 5, a second attention teacher), a wider
 perceptron, SGD with momentum and Adam with a linear warm-up.
+`HELD_OUT_2` are a third set, recorded before the forecast's second revision
+(on the runs of `RUNS` and `HELD_OUT`) and forecast only once, after it:
+other seeds, widths and initial scales, breast cancer with Adam, MNIST-1D's
+class 7 and a third attention teacher.
+`HELD_OUT_3` are a fourth set, recorded before the forecast's third revision
+(its band, on all the runs before) and forecast only once, after it: other
+seeds and initial scales, iris with a slower Adam, wine with Adam and 32
+units, MNIST-1D's class 3 with Adam and a fourth attention teacher with GD
+and with Adam.
 
     python benchmarks/record_runs.py            # every run, held out too
     python benchmarks/record_runs.py iris_gd    # just these
@@ -63,8 +72,9 @@ def teacher_sequences(n: int, seed: int = 0, T: int = 4, d: int = 4):
 
 def data(name: str):
     """`(structure, xs, ys)` of a data set (`mnist1d_5`: class 5 rather than
-    2; `attention_b`: the teacher of seed 1; `diabetes`: the regression
-    target)."""
+    2; `mnist1d_7`, `mnist1d_3`: classes 7 and 3 of other signals;
+    `attention_b`, `attention_c`, `attention_d`: the teachers of seeds 1, 2
+    and 3; `diabetes`: the regression target)."""
     if name == "diabetes":
         xs, ys = nqfjax.load_dataset("diabetes", target="label", dtype=np.float64)
         return nqfjax.Perceptron(d=xs.shape[1], k=1), xs, ys
@@ -72,8 +82,14 @@ def data(name: str):
         xs, ys = nqfjax.load_dataset("mnist1d", n=300, seed=1, dtype=np.float64)
         y = ys[:, 5:6]
         return nqfjax.Conv1D(length=40, kernel_size=5, stride=5), xs, y / y.std()
-    if name == "attention_b":
-        xs, ys = teacher_sequences(256, seed=1)
+    if name in ("mnist1d_7", "mnist1d_3"):
+        seed, c = (2, 7) if name == "mnist1d_7" else (3, 3)
+        xs, ys = nqfjax.load_dataset("mnist1d", n=300, seed=seed, dtype=np.float64)
+        y = ys[:, c : c + 1]
+        return nqfjax.Conv1D(length=40, kernel_size=5, stride=5), xs, y / y.std()
+    if name in ("attention_b", "attention_c", "attention_d"):
+        seed = {"attention_b": 1, "attention_c": 2, "attention_d": 3}[name]
+        xs, ys = teacher_sequences(256, seed=seed)
         return nqfjax.QKAttention(T=4, d=4), xs, ys
     if name in ("iris", "wine", "breast_cancer"):
         xs, ys = nqfjax.load_dataset(name, dtype=np.float64)
@@ -118,8 +134,37 @@ HELD_OUT = {
     "attention_b_momentum": ("attention_b", "momentum", 0.02, 20_000, 1e-2, 16, 6),
 }
 
+#: name: (data set, optimizer, learning rate, steps, initial scale, width,
+#: seed); the third set, held out from the forecast's second revision
+HELD_OUT_2 = {
+    "iris_wide_gd": ("iris", "gd", 0.02, 20_000, 3e-3, 32, 7),
+    "breast_cancer_adam": ("breast_cancer", "adam", 3e-4, 10_000, 1e-3, 16, 8),
+    "wine_gd_b": ("wine", "gd", 0.01, 20_000, 3e-4, 16, 9),
+    "digits_wide_adam": ("digits", "adam", 3e-4, 10_000, 3e-4, 32, 10),
+    "mnist1d_7_gd": ("mnist1d_7", "gd", 0.04, 20_000, 1e-3, 16, 11),
+    "attention_c_adam": ("attention_c", "adam", 2e-4, 10_000, 1e-2, 16, 12),
+    "attention_c_gd": ("attention_c", "gd", 0.1, 20_000, 1e-2, 16, 13),
+}
+
+#: name: (data set, optimizer, learning rate, steps, initial scale, width,
+#: seed); the fourth set, held out from the forecast's third revision
+HELD_OUT_3 = {
+    "iris_adam_b": ("iris", "adam", 3e-4, 10_000, 3e-4, 16, 14),
+    "wine_wide_adam": ("wine", "adam", 1e-3, 10_000, 1e-3, 32, 15),
+    "breast_cancer_gd_b": ("breast_cancer", "gd", 0.01, 20_000, 3e-4, 16, 16),
+    "digits_gd_b": ("digits", "gd", 0.04, 20_000, 3e-4, 16, 17),
+    "mnist1d_3_adam": ("mnist1d_3", "adam", 3e-4, 10_000, 1e-3, 16, 18),
+    "attention_d_gd": ("attention_d", "gd", 0.05, 20_000, 1e-2, 16, 19),
+    "attention_d_adam": ("attention_d", "adam", 5e-4, 10_000, 1e-2, 16, 20),
+}
+
 #: every run, by name: (data set, optimizer, rate, steps, scale, width, seed)
-ALL = {**{k: (*v, 16, 0) for k, v in RUNS.items()}, **HELD_OUT}
+ALL = {
+    **{k: (*v, 16, 0) for k, v in RUNS.items()},
+    **HELD_OUT,
+    **HELD_OUT_2,
+    **HELD_OUT_3,
+}
 
 
 def _momentum(lr):

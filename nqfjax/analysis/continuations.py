@@ -7,6 +7,9 @@ the backtest that chooses among them and sizes the band (numpy only).
 - the power law: $L_\infty + c\,(t + t_0)^{-\gamma}$ fitted to the later half
   of the prefix in `log t` (a large `t0` bends it towards an exponential
   approach to the floor);
+- the staircase: `fit_staircase`'s drops and floor fitted to the prefix and
+  continued (a drop in progress completed, then the floor; a curve on a
+  plateau or at its floor stays there: a staircase continued as one);
 - the flat continuation: the last value kept.
 
 The backtest forecasts the prefix from earlier origins $T_b = T e^{-f X}$ (`X`
@@ -18,6 +21,8 @@ $\log L$ at relative horizons $s = \ln(t/T_b) / (f X)$ in `(0, 1]`."""
 from collections.abc import Callable
 
 import numpy as np
+
+from .staircase import fit_staircase
 
 
 #: The origins of the backtest: `f` of the forecast's horizon before the end.
@@ -85,6 +90,17 @@ def power_law_curve(t, ly, use, origin: float, horizon: float, at) -> np.ndarray
     if half.size < MIN_POINTS:
         half = idx[-MIN_POINTS:]
     return _tail_at(tail_fit(t[half], ly[half], shifts=True), at)
+
+
+def staircase_curve(t, ly, use, origin: float, horizon: float, at) -> np.ndarray:
+    """`log L` at `at` of the staircase (`fit_staircase`: drops and a floor)
+    fitted to the points before `origin`, continued past them."""
+    idx = np.flatnonzero(use & (t <= origin) & (t > 0))
+    fit = fit_staircase(t[idx], np.exp(ly[idx]))
+    curve = fit.log_curve(np.asarray(at, float))
+    if not np.all(np.isfinite(curve)):  # nothing fitted: the last value kept
+        return flat_curve(t, ly, use, origin, horizon, at)
+    return curve
 
 
 def flat_curve(t, ly, use, origin: float, horizon: float, at) -> np.ndarray:

@@ -33,6 +33,7 @@ from .continuations import (
     backtest_band,
     flat_curve,
     power_law_curve,
+    staircase_curve,
     tail_curve,
 )
 from .spectrum import check_n_modes, spectrum_log_loss, spectrum_starts
@@ -52,7 +53,7 @@ _BAND_SCALE = 3.0
 _DECISIVE = 0.9
 
 #: The continuations `forecast` chooses among (`model="auto"`).
-MODELS = ("spectrum", "tail", "power law", "flat")
+MODELS = ("spectrum", "tail", "power law", "staircase", "flat")
 
 
 class Forecast(eqx.Module):
@@ -67,7 +68,8 @@ class Forecast(eqx.Module):
       each moved to pass through the last observed value.
     - `lower`, `upper`: the band, shape `(F,)`: the forecast divided and
       multiplied by `e^w`, `w` three times the rms backtest error scaled to
-      the horizon (see `forecast`) plus 2% (the model's own error), at
+      the horizon and 1.645 times the candidates' weighted rms spread, added
+      in quadrature (see `forecast`), plus 2% (the model's own error), at
       `level = 0.9`; the spectrum alone reaches down to itself without its
       floor. For a prefix too short for a backtest, the spectrum's own band
       (the central `level` of parameter draws and of refits on shortened
@@ -89,7 +91,8 @@ class Forecast(eqx.Module):
     - `found`, `reason`: whether there was anything to forecast from (a flat,
       zero or rising prefix has nothing; the numbers are then NaN).
     - `model`: the continuation with the largest weight (`"spectrum"`,
-      `"tail"`, `"power law"` or `"flat"`, the last value kept); `weights`:
+      `"tail"`, `"power law"`, `"staircase"` or `"flat"`, the last value
+      kept); `weights`:
       each candidate's weight, as `(name, weight)` pairs.
     """
 
@@ -221,9 +224,10 @@ def forecast(
     and weighs its continuation to `until` against simpler ones: a power law
     with a floor fitted to the prefix's last stretch (as many e-folds of `t` as
     the horizon `X = ln(until / ts[-1])`; a settled tail), a power law with a
-    shift and a floor fitted to the later half of the prefix in $\log t$, and
-    the last value kept. Each candidate is moved to pass through the last
-    observed value.
+    shift and a floor fitted to the later half of the prefix in $\log t$, the
+    staircase of `fit_staircase` (drops and a floor) continued (a drop in
+    progress completed, then the floor), and the last value kept. Each
+    candidate is moved to pass through the last observed value.
 
     **The backtest.** Each candidate also forecasts the prefix itself from
     earlier origins $T e^{-fX}$ (`f` = 1/2, 0.35, 1/4; those with 8 points
@@ -238,7 +242,10 @@ def forecast(
     backtest error over the origins at each relative horizon, scaled to the
     full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
     the normal quantile otherwise; the factor chosen on recorded training
-    runs, see the how-to on loss curves), plus 2%; for the spectrum alone it
+    runs, see the how-to on loss curves), added in quadrature to the
+    candidates' spread about the average (their weighted rms difference from
+    it: the between-model part of a model average's variance) times the
+    normal quantile of `level` (1.645 at 90%), plus 2%; for the spectrum alone it
     reaches down to the spectrum without its floor (a floor below the
     observed losses is not seen by the prefix). Without a backtest (a prefix
     too short, or a horizon too long) the spectrum is kept with its own band:
@@ -264,7 +271,8 @@ def forecast(
       the largest fraction of the prefix's span in $\log t$ cut from its end.
     - `key`: PRNG key for the draws (default `key(0)`).
     - `model`: `"auto"` (default: the backtest-weighted average) or one
-      candidate: `"spectrum"`, `"tail"`, `"power law"` or `"flat"`.
+      candidate: `"spectrum"`, `"tail"`, `"power law"`, `"staircase"` or
+      `"flat"`.
 
     **Returns:** a `Forecast` (`found=False`, with the reason and NaN numbers,
     for a prefix that is zero, flat or rising).
@@ -334,7 +342,8 @@ def forecast(
 def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
     """The continuation: `model`, or with `"auto"` the average of the candidates
     weighted by their inverse mean squared backtest error, and its band's
-    half-width in `log L` from its backtest errors (symmetric): `(weights,
+    half-width in `log L` (symmetric): its backtest error and the candidates'
+    spread about it, added in quadrature (see `forecast`): `(weights,
     centre, half)` (`half = None` where the prefix is too short for a
     backtest and the spectrum is kept)."""
     p, n_modes, steps, dtype, fitted = fit
@@ -345,7 +354,12 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
             theta, _, _ = _fit_prefix(t, y, ly, before, p, n_modes, steps, dtype)
         return np.asarray(_log_model_at(theta, jnp.asarray(at, dtype), p, n_modes))
 
-    every = dict(zip(MODELS, (spectrum, tail_curve, power_law_curve, flat_curve)))
+    every = dict(
+        zip(
+            MODELS,
+            (spectrum, tail_curve, power_law_curve, staircase_curve, flat_curve),
+        )
+    )
     names = MODELS if model == "auto" else (model,)
     horizon = float(np.log(until / t[use][-1]))
     errors, fractions = backtest(t, ly, use, horizon, {n: every[n] for n in names})
@@ -363,17 +377,26 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
         return pairs, blend, None
     s = np.log(grid / t[use][-1]) / horizon
     err = np.tensordot(weights, np.asarray([errors[n] for n in names]), 1)
-    return pairs, blend, backtest_band(err, fractions, s, _band_z(level))
+    within = backtest_band(err, fractions, s, _band_z(level))
+    # model averaging: the candidates' spread about their average (the
+    # weighted variance of their continuations) adds to the average's own
+    # backtest error, at the normal quantile of `level`
+    spread = np.sqrt(np.tensordot(weights, (np.asarray(curves) - blend) ** 2, 1))
+    return pairs, blend, np.hypot(within, _normal_quantile(level) * spread)
+
+
+def _normal_quantile(level: float) -> float:
+    """The normal quantile of a central `level` interval (1.645 at 90%)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf((1 + level) / 2)
 
 
 def _band_z(level: float) -> float:
     """How many times the rms scaled backtest error the band spans:
     `_BAND_SCALE` at 90%, in proportion to the normal quantile of `level`
     otherwise."""
-    from statistics import NormalDist
-
-    normal = NormalDist()
-    return _BAND_SCALE * normal.inv_cdf((1 + level) / 2) / normal.inv_cdf(0.95)
+    return _BAND_SCALE * _normal_quantile(level) / _normal_quantile(0.9)
 
 
 def _result(
