@@ -15,6 +15,8 @@ resolves a few switch-ons fixes the exponents (the heights and times of the
 drops scale as $k^{-(\alpha + 2\beta)}$ and $k^{\alpha + \beta}$), and with
 them every later switch-on and the power law the merged modes make."""
 
+from statistics import NormalDist
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -387,8 +389,6 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
 
 def _normal_quantile(level: float) -> float:
     """The normal quantile of a central `level` interval (1.645 at 90%)."""
-    from statistics import NormalDist
-
     return NormalDist().inv_cdf((1 + level) / 2)
 
 
