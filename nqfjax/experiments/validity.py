@@ -4,7 +4,7 @@ along a trajectory of weights.
 Every prediction of nqfjax is the leading order of the layer near small weights,
 $f(x; W) \approx f(x; 0) + \mathrm{Tr}[W W^\top A(x)]$. Along a trajectory
 $W(t)$ (predicted, with $W W^\top = M(t)$, or trained), the *departure* at a
-record is the relative size, over a sample of inputs, of what the real layer
+record is the relative size, over the inputs, of what the real layer
 adds beyond that form,
 
 $$\varepsilon(t) = \frac{\big\|f(x; W) - f(x; 0) - \mathrm{Tr}[W W^\top A(x)]
@@ -79,8 +79,10 @@ EARLY_CUT = 1e-6
 #: weights, before they grow, at init `1e-3` and `1e-4`).
 EARLY_SHARE = 1e-3
 
-#: The inputs the departure is averaged over (the first ones of the data).
-DEFAULT_NUM_INPUTS = 512
+#: The inputs the departure and the shifts are averaged over (`None`: all of
+#: them; the training's gradient averages over all, and a subset's gradient
+#: gap differs from the whole's by up to its own size).
+DEFAULT_NUM_INPUTS = None
 
 
 class Validity(eqx.Module):
@@ -321,14 +323,14 @@ def leading_order_validity(
     *,
     growth_rate: float | None = None,
     tolerance: float | None = None,
-    num_inputs: int = DEFAULT_NUM_INPUTS,
+    num_inputs: int | None = DEFAULT_NUM_INPUTS,
     ys: Float[ArrayLike, "n k"] | None = None,
     learning_rate: float | None = None,
     switch_times: Float[ArrayLike, " c"] | None = None,
 ) -> Validity:
     r"""The departure of the real layer from its quadratic form along the
-    weights `factors` (one `(p, m)` matrix per record), over the first
-    `num_inputs` of `xs`; with the targets `ys`, the expected shift of each
+    weights `factors` (one `(p, m)` matrix per record), over the inputs `xs`
+    (the first `num_inputs` of them); with the targets `ys`, the expected shift of each
     switch-on (see the module), measured at the records they read
     (`estimated_records`); and the verdict at `tolerance`.
 
@@ -342,7 +344,9 @@ def leading_order_validity(
       discretisation lag $r/4$); `None` leaves it unknown.
     - `tolerance`: the expected shift (default 0.03) or, without `ys`, the
       departure (default 0.1) above which the leading order breaks, > 0.
-    - `num_inputs`: how many inputs to average over (default 512), >= 1.
+    - `num_inputs`: how many inputs to average over, >= 1 (default `None`:
+      all of them, as the training does; fewer cost less, but the gradient
+      gap of a subset differs from the whole's by up to its own size).
     - `ys`: the targets, shape `(n, k)`: with them (and `learning_rate`), the
       expected shifts of the switch-ons.
     - `learning_rate`: $\eta > 0$, the time unit of `ts` (steps).
@@ -376,8 +380,12 @@ def leading_order_validity(
             f"`learning_rate` must be a finite number > 0 with `ys`, got "
             f"{learning_rate!r}."
         )
-    if not (isinstance(num_inputs, int | np.integer) and num_inputs >= 1):
-        raise ValueError(f"`num_inputs` must be an int >= 1, got {num_inputs!r}.")
+    if num_inputs is not None and not (
+        isinstance(num_inputs, int | np.integer) and num_inputs >= 1
+    ):
+        raise ValueError(
+            f"`num_inputs` must be None or an int >= 1, got {num_inputs!r}."
+        )
     xs = np.asarray(check_batch(structure, np.asarray(xs)[:num_inputs]))
     xs = xs.astype(jnp.result_type(xs.dtype, factors.dtype))
     with_ys = ys is not None and ts.shape[0] > 0
@@ -539,7 +547,7 @@ def validity_of_run(
     result: TrainResult,
     *,
     tolerance: float | None = None,
-    num_inputs: int = DEFAULT_NUM_INPUTS,
+    num_inputs: int | None = DEFAULT_NUM_INPUTS,
     num_records: int = 24,
     ys: Float[ArrayLike, "n k"] | None = None,
     learning_rate: float | None = None,
