@@ -503,6 +503,36 @@ def test_select_model_names_the_shape_and_the_runner_up():
     assert min(cut.rms.values()) > 0.1
 
 
+def test_select_model_power_law_below_float32s_range():
+    """Under float32 (JAX's default) a power law scaled by 1e-43, below
+    float32's normal range (1.2e-38), is the same shape with the same fit: the
+    fit runs on the scaled curve, and its model is read in `ln L` in float64
+    (`log_curve`). Before, the model's loss was formed in float32, underflowed
+    to NaN, and the curve was refused ("misses by an rms of inf"). Tolerances:
+    the rms and the log-curve agree with the unscaled curve's to 1e-6 (the fit
+    is the same up to the float32 round-off of its inputs, measured 1e-14)."""
+    ts = np.geomspace(1.0, 1e5, 200)
+    noise = np.exp(0.01 * np.random.default_rng(0).standard_normal(ts.size))
+    loss = (0.01 + (ts + 10) ** -0.7) * noise
+    with jax.enable_x64(False):
+        ref = nqfjax.select_model(ts, loss)
+        tiny = nqfjax.select_model(ts, loss * 1e-43)
+    assert ref.best == tiny.best == "power law", (ref, tiny)
+    np.testing.assert_allclose(tiny.rms["power law"], ref.rms["power law"], rtol=1e-6)
+    np.testing.assert_allclose(
+        tiny.log_curve(ts) - np.log(1e-43), ref.log_curve(ts), atol=1e-6
+    )
+    # the float64 log-curve is the fitted model: within the noise (1%, 5
+    # widths) of the noiseless curve
+    gap = ref.log_curve(ts) - np.log(loss / noise)
+    assert np.max(np.abs(gap)) < 0.05, np.max(np.abs(gap))
+    # `curve` is the default float, the same model
+    with jax.enable_x64(False):
+        curve = ref.curve(ts)
+    assert curve.dtype == jnp.float32
+    np.testing.assert_allclose(np.log(curve), ref.log_curve(ts), atol=1e-6)
+
+
 @pytest.mark.slow  # a long physics check (the slow tier)
 def test_two_mode_curve_is_a_staircase_without_power_law():
     """The issue's two-mode curve (logistic modes switching on at t = 500 and

@@ -90,16 +90,30 @@ class ModelSelection(eqx.Module):
     ambiguous: str = eqx.field(static=True, default="")
 
     def curve(self, ts: Float[ArrayLike, " T"]) -> Float[Array, " T"]:
-        """The best model's loss at `ts` (shape `(T,)`; NaN where nothing was
-        selected)."""
-        ts = jnp.asarray(ts, jnp.result_type(float))
+        """The best model's loss at `ts` (shape `(T,)`, the default float; NaN
+        where nothing was selected)."""
         if self.best == "staircase" and self.staircase is not None:
             with np.errstate(divide="ignore"):  # t = 0: ln t = -inf
                 return self.staircase.curve(np.asarray(ts))
+        with np.errstate(under="ignore"):
+            loss = np.exp(self.log_curve(ts))
+        return jnp.asarray(loss, jnp.result_type(float))
+
+    def log_curve(self, ts: Float[ArrayLike, " T"]) -> np.ndarray:
+        """The best model's `ln L` at `ts` in numpy float64, shape `(T,)`
+        (NaN where nothing was selected): a curve far below float32's range,
+        or one compared in `ln L` to a few 1e-7, keeps its shape."""
+        ts = np.asarray(ts, np.float64)
+        if self.best == "staircase" and self.staircase is not None:
+            with np.errstate(divide="ignore"):  # t = 0: ln t = -inf
+                return self.staircase.log_curve(ts)
         if self.theta.size == 0:
-            return jnp.full(ts.shape, jnp.nan)
-        u = ts / self.t_ref
-        return self.l_ref * jnp.exp(_log_model(self.theta, u, self.mask, self.power))
+            return np.full(ts.shape, np.nan)
+        with jax.enable_x64(True):
+            f64 = (np.asarray(a, np.float64) for a in (self.theta, self.mask))
+            theta, mask = (jnp.asarray(a) for a in f64)
+            ly = _log_model(theta, jnp.asarray(ts / self.t_ref), mask, self.power)
+            return np.log(self.l_ref) + np.asarray(ly, np.float64)
 
 
 def _log_model(theta, u, modes, power):
@@ -275,11 +289,7 @@ def _core_rms(chosen, t, y):
     points (`t > 0`) closest to it."""
     pos = t > 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        if chosen.best == _NAMES[0] and chosen.staircase is not None:
-            fitted = chosen.staircase.log_curve(t[pos])  # float64
-        else:
-            fitted = np.log(np.asarray(chosen.curve(t[pos]), float))
-        res = fitted - np.log(y[pos])
+        res = chosen.log_curve(t[pos]) - np.log(y[pos])  # float64
     res = np.sort(np.abs(np.where(np.isfinite(res), res, np.inf)))
     keep = res[: max(int(np.ceil(0.95 * res.size)), 1)]
     return float(np.sqrt(np.mean(keep**2)))
