@@ -162,7 +162,7 @@ def _departures(structure, xs, Ws):
 
 
 #: The number of records measured is padded to a multiple of this
-#: (`_by_blocks`).
+#: (`_departures_by_blocks`).
 _BLOCK = 8
 
 #: The trajectory whose records the expected shifts read is padded to a
@@ -170,16 +170,17 @@ _BLOCK = 8
 _RECORDS = 32
 
 
-def _by_blocks(fn, structure, xs, Ws, *args) -> tuple[np.ndarray, ...]:
-    """`fn(structure, xs, *args, Ws)` (`_departures`) at the
-    records of `Ws` (shape `(R, p, m)`) padded with the last one to a multiple
-    of `_BLOCK`, float64 numpy: one compilation per layer, inputs and multiple
-    of `_BLOCK` (measured: blocks of 8 records, each a call, took 1.25 to 1.5
-    times as long on a compiled call; the padding 1.2 times at 25 records)."""
+def _departures_by_blocks(structure, xs, Ws) -> tuple[np.ndarray, np.ndarray]:
+    """`_departures` at the records of `Ws` (shape `(R, p, m)`) padded with
+    the last one to a multiple of `_BLOCK`, float64 numpy: one compilation
+    per layer, inputs and multiple of `_BLOCK` (measured: blocks of 8
+    records, each a call, took 1.25 to 1.5 times as long on a compiled call;
+    the padding 1.2 times at 25 records)."""
     R = Ws.shape[0]
     if R:
         Ws = np.concatenate([Ws, np.repeat(Ws[-1:], -R % _BLOCK, 0)])
-    return tuple(np.asarray(a, np.float64)[:R] for a in fn(structure, xs, *args, Ws))
+    delta, quad = _departures(structure, xs, Ws)
+    return np.asarray(delta, np.float64)[:R], np.asarray(quad, np.float64)[:R]
 
 
 def _verdict(ts, departure, tolerance, lag) -> tuple[float, str]:
@@ -407,10 +408,10 @@ def leading_order_validity(
     shift = None
     if with_ys:
         ts, delta, quad, shift = _read_records(
-            structure, xs, ys, factors, ts, kept, float(learning_rate), times
+            structure, xs, ys, W, ts, kept, float(learning_rate), times
         )
     else:
-        delta, quad = _by_blocks(_departures, structure, xs, factors)
+        delta, quad = _departures_by_blocks(structure, xs, factors)
     with np.errstate(invalid="ignore", divide="ignore"):
         departure = np.where(quad > 0, delta / quad, np.nan)
     if ys is None or ts.shape[0] == 0:
@@ -433,14 +434,15 @@ def leading_order_validity(
     )
 
 
-def _read_records(structure, xs, ys, factors, ts, kept, learning_rate, times):
+def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times):
     """`(ts, ||delta||, ||quadratic||, expected shifts)` at the records `kept`
-    (`estimated_records`) of the weights `factors` at `ts`."""
+    (`estimated_records`) of the weights `W` (float64, shape `(R, p, m)`) at
+    `ts`."""
     # the whole trajectory padded with zeros to a multiple of _RECORDS, the
     # range traced: compiled once per layer, inputs and multiple of _RECORDS,
     # whatever the records read
-    padded = np.zeros((-(-ts.shape[0] // _RECORDS) * _RECORDS, *factors.shape[1:]))
-    padded[: ts.shape[0]] = factors
+    padded = np.zeros((-(-ts.shape[0] // _RECORDS) * _RECORDS, *W.shape[1:]))
+    padded[: ts.shape[0]] = W
     measured = _gradient_gap(
         structure,
         xs,
@@ -452,7 +454,7 @@ def _read_records(structure, xs, ys, factors, ts, kept, learning_rate, times):
     delta, quad, gap, grad, _, lam, U, mu, V = (
         np.asarray(a, np.float64)[kept] for a in measured
     )
-    ts, W = ts[kept], np.asarray(factors, np.float64)[kept]
+    ts, W = ts[kept], W[kept]
     flows = flow(ts, learning_rate, mu[1:], V[1:])
     shift = shifts(ts, W, gap, grad, learning_rate, times, lam, U, flows)
     return ts, delta, quad, shift
