@@ -142,18 +142,28 @@ def test_staircase_continuation_keeps_the_floor_it_reached():
 #: there, so that set is held only to what was measured (a regression guard,
 #: not the bar). The seven of `HELD_OUT_3`, recorded before the band's
 #: revision was run on them and forecast once after: 2 (the issue's count of
-#: wins not met; a regression guard), at 93%.
-BOTH_WON = {0: 5, 1: 4, 2: 5, 3: 2}
-COVERAGE = {0: (0.8, 0.98), 1: (0.8, 0.98), 2: (0.7, 0.98), 3: (0.8, 0.98)}
+#: wins not met; a regression guard), at 93%. The fourth revision (the
+#: candidates averaged in `L`, the mixture's mean loss) measured the same
+#: counts on all four (2026-12-05; coverage 98%, 93%, 74%, 93%). The seven of
+#: `HELD_OUT_4`, recorded before it and forecast once after: 1, at 69% (the
+#: issue's bar not met on either count; a regression guard).
+BOTH_WON = {0: 5, 1: 4, 2: 5, 3: 2, 4: 1}
+COVERAGE = {
+    0: (0.8, 0.98),
+    1: (0.8, 0.98),
+    2: (0.7, 0.98),
+    3: (0.8, 0.98),
+    4: (0.65, 0.98),
+}
 
 
 @pytest.mark.slow  # every recorded run forecast with its backtest (~3 minutes)
-@pytest.mark.parametrize("held_out", [0, 1, 2, 3])
+@pytest.mark.parametrize("held_out", [0, 1, 2, 3, 4])
 def test_forecast_recorded_runs_against_naive_baselines(held_out):
     """Issue 29's bar on the runs of examples/runs (benchmarks/forecast_runs.py):
     each forecast from its first 30% of steps to its end, against keeping the
     last value and a power law with a floor fitted to the prefix; the runs
-    the forecast was developed on, and the three sets held out from it."""
+    the forecast was developed on, and the four sets held out from it."""
     import sys
     from pathlib import Path
 

@@ -66,8 +66,9 @@ class Forecast(eqx.Module):
     - `ts`: the times of the forecast, shape `(F,)`, log-spaced from the end of
       the observed prefix to `until`.
     - `loss`: the forecast loss at `ts`, shape `(F,)`: the candidate
-      continuations (see `forecast`) averaged in `log L` with `weights`,
-      each moved to pass through the last observed value.
+      continuations (see `forecast`), each moved to pass through the last
+      observed value, averaged in `L` with `weights` (the mixture's mean
+      loss).
     - `lower`, `upper`: the band, shape `(F,)`: the forecast divided and
       multiplied by `e^w`, `w` three times the rms backtest error scaled to
       the horizon and 1.645 times the candidates' weighted rms spread, added
@@ -237,17 +238,22 @@ def forecast(
     $\log t$: so long a horizon cannot be tried out inside the prefix),
     fitted to the points before the origin only, and its errors in $\log L$
     are measured at the same relative horizons. The forecast is the
-    candidates' average in $\log L$ weighted by the inverse of their mean
-    squared backtest error (`Forecast.weights`; `Forecast.model` names the
-    heaviest, and `model=` forces one; one with 90% of the weight takes all
-    of it: the backtests are decisive). The band is that average's rms
-    backtest error over the origins at each relative horizon, scaled to the
+    candidates' average in $L$ (the mean loss of their mixture: a candidate
+    that plunges towards zero loss adds its weight's share of almost
+    nothing, where in an average of $\log L$ it would drag the forecast down
+    by its weight times the e-folds it falls) weighted by the inverse of
+    their mean squared backtest error in $\log L$ (`Forecast.weights`;
+    `Forecast.model` names the heaviest, and `model=` forces one; one with
+    90% of the weight takes all of it: the backtests are decisive). The band
+    is the rms over the origins of the candidates' weighted mean backtest
+    error in $\log L$ at each relative horizon, scaled to the
     full horizon (divided by `f`), times 3 at `level = 0.9` (in proportion to
     the normal quantile otherwise; the factor chosen on recorded training
     runs, see the how-to on loss curves), added in quadrature to the
     candidates' spread about the average (their weighted rms difference from
-    it: the between-model part of a model average's variance) times the
-    normal quantile of `level` (1.645 at 90%), plus 2%; for the spectrum alone it
+    it in $\log L$: the between-model part of a model average's variance)
+    times the normal quantile of `level` (1.645 at 90%), plus 2%; for the
+    spectrum alone it
     reaches down to the spectrum without its floor (a floor below the
     observed losses is not seen by the prefix). Without a backtest (a prefix
     too short, or a horizon too long) the spectrum is kept with its own band:
@@ -342,8 +348,8 @@ def forecast(
 
 
 def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
-    """The continuation: `model`, or with `"auto"` the average of the candidates
-    weighted by their inverse mean squared backtest error, and its band's
+    """The continuation: `model`, or with `"auto"` the mean loss of the
+    candidates weighted by their inverse mean squared backtest error, and its band's
     half-width in `log L` (symmetric): its backtest error and the candidates'
     spread about it, added in quadrature (see `forecast`): `(weights,
     centre, half)` (`half = None` where the prefix is too short for a
@@ -373,7 +379,7 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
     if np.max(weights) >= _DECISIVE:  # the backtests agree: that one alone
         weights = (weights == np.max(weights)).astype(float)
     curves = [anchored(every[n], t, ly, use, t[use][-1], horizon, grid) for n in names]
-    blend = np.tensordot(weights, np.asarray(curves), 1)
+    blend = _mixture_mean(weights, np.asarray(curves))
     pairs = tuple((n, round(float(w), 4)) for n, w in zip(names, weights))
     if fractions.size == 0:
         return pairs, blend, None
@@ -385,6 +391,16 @@ def _backtested(t, y, ly, use, until, grid, centre, fit, model, level):
     # backtest error, at the normal quantile of `level`
     spread = np.sqrt(np.tensordot(weights, (np.asarray(curves) - blend) ** 2, 1))
     return pairs, blend, np.hypot(within, _normal_quantile(level) * spread)
+
+
+def _mixture_mean(weights, curves):
+    """`log` of the weighted mean of the candidates' losses (`curves` in `log
+    L`, shape `(C, F)`): the mixture's mean loss. A candidate that plunges
+    towards zero loss adds its weight's share of almost nothing, where in an
+    average of `log L` it would pull the forecast down by its weight times
+    the many e-folds it falls."""
+    top = np.max(curves, axis=0)
+    return top + np.log(np.tensordot(weights, np.exp(curves - top), 1))
 
 
 def _normal_quantile(level: float) -> float:
