@@ -27,8 +27,9 @@ less its parts along the larger modes $u_j(t)$, $j < k$ (before $T_k$ the
 $k$-th eigenvector by rank still mixes in modes that switch on later); let
 $x_k = W^\top \psi_k$ be its pattern over the units, $a_k = |x_k|^2$ its
 amplitude, and $\delta g = \nabla_W L_{\rm real} - \nabla_W L_{\rm quad}$ the
-difference of the loss gradients at $W(t)$. The leading order lets $x_k$ grow
-by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top \psi_k$
+difference of the loss gradients at $W(t)$ (the real layer's with the learned
+levels settled where it holds them, `_settle`). The leading order lets $x_k$
+grow by its own factor while the real layer adds $s_k = -\eta\,\delta g^\top \psi_k$
 per step, less its parts along the larger modes' $v_j = W^\top u_j$ ($j < k$:
 those turn a learned mode toward $\psi_k$, and it turns back). Carried to the
 switch-on at the predicted growth, the higher orders change the mode's
@@ -54,6 +55,7 @@ from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
 from ._modes import learned_count
+from ._settle import settled_gradient
 from ._shifts import flow, modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
 
@@ -161,8 +163,7 @@ def _departures(structure, xs, Ws):
     return jax.lax.map(one, Ws)
 
 
-#: The number of records measured is padded to a multiple of this
-#: (`_departures_by_blocks`).
+#: Records measured are padded to a multiple of this (`_departures_by_blocks`).
 _BLOCK = 8
 
 #: The trajectory whose records the expected shifts read is padded to a
@@ -173,9 +174,8 @@ _RECORDS = 32
 def _departures_by_blocks(structure, xs, Ws) -> tuple[np.ndarray, np.ndarray]:
     """`_departures` at the records of `Ws` (shape `(R, p, m)`) padded with
     the last one to a multiple of `_BLOCK`, float64 numpy: one compilation
-    per layer, inputs and multiple of `_BLOCK` (measured: blocks of 8
-    records, each a call, took 1.25 to 1.5 times as long on a compiled call;
-    the padding 1.2 times at 25 records)."""
+    per layer, inputs and multiple of `_BLOCK` (blocks of 8 records, each a
+    call, took 1.25 to 1.5 times as long; the padding 1.2 times at 25)."""
     R = Ws.shape[0]
     if R:
         Ws = np.concatenate([Ws, np.repeat(Ws[-1:], -R % _BLOCK, 0)])
@@ -241,7 +241,7 @@ def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
 
 
 @eqx.filter_jit
-def _gradient_gap(structure, xs, ys, Ws, start, stop):
+def _gradient_gap(structure, xs, ys, Ws, start, stop, learned=None, num_modes=0):
     r"""At the records `start <= i < stop` of `Ws` (shape `(R, p, m)`; both
     traced, so one compilation serves every range): the norms of the real
     layer's departure and of its quadratic part (as `_departures`); the real
@@ -251,7 +251,11 @@ def _gradient_gap(structure, xs, ys, Ws, start, stop):
     $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
     (`weighted_sum`); the eigenvalues (ascending) and eigenvectors of $W W^\top$
     and of $\bar G_i = (G_{i-1} + G_i)/2$ (`_shifts.flow`). Zero outside the
-    range. One forward and backward pass of the real layer per record."""
+    range. With `learned` (shape `(R,)`, traced: how many of the `num_modes`
+    largest modes are learned at each record), $\delta g$ is read with the
+    learned modes' levels settled where the real layer holds them
+    (`_settle`). One forward and backward pass of the real layer per record,
+    and `SETTLE_STEPS` more where a mode is learned."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n, (R, p, m) = xs.shape[0], Ws.shape
@@ -270,6 +274,11 @@ def _gradient_gap(structure, xs, ys, Ws, start, stop):
         delta = f - f0 - quad
         lam, U = jnp.linalg.eigh(W @ W.T)
         mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
+        if num_modes > 0:  # the largest modes, by rank
+            top = (lam[::-1][:num_modes], U[:, ::-1][:, :num_modes])
+            g_real = settled_gradient(
+                structure, xs, ys, W, g_real, g_quad, *top, learned[i]
+            )
         now = (jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2)))
         now += (g_real - g_quad, g_quad, G, lam, U, mu, V)
         return tuple(o.at[i].set(a) for o, a in zip(out, now)), G
@@ -443,6 +452,11 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times):
     # whatever the records read
     padded = np.zeros((-(-ts.shape[0] // _RECORDS) * _RECORDS, *W.shape[1:]))
     padded[: ts.shape[0]] = W
+    # how many switch-ons have passed at each record: those modes' levels
+    # settle where the real layer holds them (`_settle`)
+    on = np.sort(times[np.isfinite(times) & (times > 0)])
+    learned = np.zeros(padded.shape[0], np.int32)
+    learned[: ts.shape[0]] = np.searchsorted(on, ts, side="right")
     measured = _gradient_gap(
         structure,
         xs,
@@ -450,6 +464,8 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times):
         padded.astype(xs.dtype),
         np.int64(kept.start),
         np.int64(kept.stop),
+        learned,
+        int(min(on.size, *W.shape[1:])),
     )
     delta, quad, gap, grad, _, lam, U, mu, V = (
         np.asarray(a, np.float64)[kept] for a in measured

@@ -1,0 +1,127 @@
+"""The learned modes' levels settled where the real layer holds them
+(`experiments._settle`): against a root found by scipy, and the cases where
+nothing settles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+
+import nqfjax
+from nqfjax.experiments import _settle
+from nqfjax.experiments._settle import real_gradient, settled_gradient
+
+
+def _head_case(seed=0, n=200):
+    """A softmax query-key head whose two largest modes are learned at logits
+    of order one (where the real layer and its quadratic form part), a third
+    small, and targets from the same head with those two levels higher:
+    `(structure, xs, ys, W, g_real, g_quad, lam, U)`, float64."""
+    rng = np.random.default_rng(seed)
+    structure = nqfjax.QKAttention(T=4, d=4)
+    p = structure.p
+    xs = jnp.asarray(rng.standard_normal((n, 4, 4)))
+    basis = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    units = np.linalg.qr(rng.standard_normal((p, p)))[0]
+
+    def weights(*top):
+        levels = np.array([*top, 1e-3] + [1e-6] * (p - 3))
+        return jnp.asarray(basis @ np.diag(np.sqrt(levels)) @ units)
+
+    layer = jax.vmap(structure.layer, in_axes=(None, 0))
+    ys = layer(weights(2.0, 1.4), xs)
+    W = weights(1.2, 0.8)
+    f0 = layer(jnp.zeros((p, 1)), xs)
+    G = structure.weighted_sum(xs, (f0 + structure.contract_factor(xs, W) - ys) / n)
+    g_quad = 2.0 * G @ W
+    g_real = real_gradient(structure, xs, ys, W)
+    lam, U = jnp.linalg.eigh(W @ W.T)
+    return structure, xs, ys, W, g_real, g_quad, lam[::-1][:3], U[:, ::-1][:, :3]
+
+
+def _force(W, g, lam, U, learned):
+    return 0.5 * np.einsum("pa,pm,ma->a", U, g, W.T @ U)[:learned] / lam[:learned]
+
+
+def test_settled_levels_solve_the_real_layers_balance(monkeypatch):
+    """With the two largest modes learned: the levels `s` whose real-layer
+    drive equals the quadratic form's at `W` (found by scipy's `root` on the
+    exact drive by autodiff, to 1e-12) and the gradient there, against
+    Broyden's with enough steps to converge (1e-9: float64 roundoff of the
+    drive); the default three steps land within 2% of the settled gradient's
+    change (the convergence the module measures on the softmax head)."""
+    with jax.enable_x64(True):
+        structure, xs, ys, W, g_real, g_quad, lam, U = _head_case()
+        W_, lam_, U_ = np.asarray(W), np.asarray(lam), np.asarray(U)
+        target = _force(W_, np.asarray(g_quad), lam_, U_, 2)
+
+        def at(s):
+            shift = np.concatenate([s, [0.0]])
+            return W_ + 0.5 * ((U_ * (shift / lam_)) @ U_.T) @ W_
+
+        def mismatch(s):
+            g = np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at(s))))
+            return _force(W_, g, lam_, U_, 2) - target
+
+        root = scipy.optimize.root(mismatch, np.zeros(2), tol=1e-12)
+        assert root.success
+        # the real layer holds these levels higher than its quadratic form
+        assert np.all(root.x > 0.05)
+        expect = np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at(root.x))))
+
+        monkeypatch.setattr(_settle, "SETTLE_STEPS", 30)
+        got = settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, 2)
+        np.testing.assert_allclose(np.asarray(got), expect, rtol=0, atol=1e-9)
+
+        monkeypatch.setattr(_settle, "SETTLE_STEPS", 3)
+        three = np.asarray(
+            settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, 2)
+        )
+        change = np.linalg.norm(expect - np.asarray(g_real))
+        assert np.linalg.norm(three - expect) < 0.02 * change
+
+
+@pytest.mark.parametrize("learned", [0, 2])
+def test_nothing_settles_where_nothing_is_learned_or_the_layer_is_quadratic(learned):
+    """No mode learned: the real layer's gradient at `W` itself. The quadratic
+    network (its real layer is its quadratic form): the drive already balances,
+    so nothing moves (exactly 0 up to roundoff)."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(1)
+        structure = nqfjax.QuadraticNet(d=5)
+        xs = jnp.asarray(rng.standard_normal((60, 5)))
+        ys = jnp.asarray(rng.standard_normal((60, 1)))
+        W = jnp.asarray(0.7 * rng.standard_normal((structure.p, 6)))
+        f0 = jax.vmap(lambda x: structure.layer(jnp.zeros((structure.p, 1)), x))(xs)
+        G = structure.weighted_sum(
+            xs, (f0 + structure.contract_factor(xs, W) - ys) / xs.shape[0]
+        )
+        g_quad = 2.0 * G @ W
+        g_real = real_gradient(structure, xs, ys, W)
+        np.testing.assert_allclose(np.asarray(g_real), np.asarray(g_quad), atol=1e-12)
+        lam, U = jnp.linalg.eigh(W @ W.T)
+        got = settled_gradient(
+            structure,
+            xs,
+            ys,
+            W,
+            g_real,
+            g_quad,
+            lam[::-1][:3],
+            U[:, ::-1][:, :3],
+            learned,
+        )
+        np.testing.assert_allclose(np.asarray(got), np.asarray(g_real), atol=1e-12)
+
+
+def test_settling_under_jit_with_a_traced_count():
+    """The count of learned modes is traced: one compilation serves 0 and 2,
+    and 0 gives the real gradient back."""
+    with jax.enable_x64(True):
+        structure, xs, ys, W, g_real, g_quad, lam, U = _head_case(seed=2, n=50)
+        f = jax.jit(
+            lambda L: settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, L)
+        )
+        np.testing.assert_array_equal(np.asarray(f(0)), np.asarray(g_real))
+        assert np.linalg.norm(np.asarray(f(2)) - np.asarray(g_real)) > 1e-6
