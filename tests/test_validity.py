@@ -261,9 +261,10 @@ def test_feed_along_the_own_pattern_compounds():
 def test_expected_shift_matches_the_trained_run(wine_run):
     """Wine at width 8, init 1e-3, learning rate 0.05 (r = 0.14 per step): the
     expected shifts of the two switch-ons against the real network's measured
-    errors. Measured +4.7%, +5.6% against expected +3.5%, +3.2%: mostly the
-    lag of gradient descent (r/4 = 3.5%, itself first order in r), the rest
-    the real layer's higher orders at 8 units; within 3 points of each other,
+    errors. Measured +4.7%, +5.6% against expected +4.9%, +4.9% (+3.5%,
+    +3.2% before the learned levels settled): mostly the lag of gradient
+    descent (r/4 = 3.5%, itself first order in r), the rest the real layer's
+    higher orders at 8 units; within 3 points of each other,
     and the verdict breaks at the first switch-on (above the 3% tolerance), as
     a row off by more than 5% must."""
     structure, X, pred, trained = wine_run

@@ -76,14 +76,11 @@ EARLY_CUT = 1e-6
 
 #: The expected shifts read the records from the last one before which the
 #: weights carry this share of $\int |W| dt$ up to the last switch-on
-#: (`estimated_records`): the feed relative to a waiting mode grows at least
-#: as $|W|$, so it adds at most about that share of $D_k$ there (the initial
-#: weights, before they grow, at init `1e-3` and `1e-4`).
+#: (`estimated_records`; see there).
 EARLY_SHARE = 1e-3
 
-#: The inputs the departure and the shifts are averaged over (`None`: all of
-#: them; the training's gradient averages over all, and a subset's gradient
-#: gap differs from the whole's by up to its own size).
+#: The inputs the departure and the shifts are averaged over (`None`: all, as
+#: the training's gradient; a subset's gap differs by up to its own size).
 DEFAULT_NUM_INPUTS = None
 
 
@@ -337,6 +334,7 @@ def leading_order_validity(
     ys: Float[ArrayLike, "n k"] | None = None,
     learning_rate: float | None = None,
     switch_times: Float[ArrayLike, " c"] | None = None,
+    settled: bool = True,
 ) -> Validity:
     r"""The departure of the real layer from its quadratic form along the
     weights `factors` (one `(p, m)` matrix per record), over the inputs `xs`
@@ -363,6 +361,10 @@ def leading_order_validity(
     - `switch_times`: the switch-on times to estimate, by rank in time order,
       shape `(c,)` (default: where the eigenvalues of $W W^\top$ by rank cross
       half the smallest learned one, from the records).
+    - `settled`: read the feed with the learned modes' levels settled where
+      the real layer holds them (`_settle`: weights of the quadratic form's
+      flow); `False` for weights the real layer trained, whose levels are its
+      own (`validity_of_run`).
 
     **Returns:** a `Validity`.
     """
@@ -417,7 +419,7 @@ def leading_order_validity(
     shift = None
     if with_ys:
         ts, delta, quad, shift = _read_records(
-            structure, xs, ys, W, ts, kept, float(learning_rate), times
+            structure, xs, ys, W, ts, kept, float(learning_rate), times, settled
         )
     else:
         delta, quad = _departures_by_blocks(structure, xs, factors)
@@ -443,7 +445,7 @@ def leading_order_validity(
     )
 
 
-def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times):
+def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled):
     """`(ts, ||delta||, ||quadratic||, expected shifts)` at the records `kept`
     (`estimated_records`) of the weights `W` (float64, shape `(R, p, m)`) at
     `ts`."""
@@ -457,16 +459,10 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times):
     on = np.sort(times[np.isfinite(times) & (times > 0)])
     learned = np.zeros(padded.shape[0], np.int32)
     learned[: ts.shape[0]] = np.searchsorted(on, ts, side="right")
-    measured = _gradient_gap(
-        structure,
-        xs,
-        ys,
-        padded.astype(xs.dtype),
-        np.int64(kept.start),
-        np.int64(kept.stop),
-        learned,
-        int(min(on.size, *W.shape[1:])),
-    )
+    modes = int(min(on.size, *W.shape[1:])) if settled else 0
+    span = (np.int64(kept.start), np.int64(kept.stop))
+    padded = padded.astype(xs.dtype)
+    measured = _gradient_gap(structure, xs, ys, padded, *span, learned, modes)
     delta, quad, gap, grad, _, lam, U, mu, V = (
         np.asarray(a, np.float64)[kept] for a in measured
     )
@@ -576,7 +572,8 @@ def validity_of_run(
     $W(t) = M(t)^{1/2} O$ (`factors_of`) from its `M` snapshots and the polar
     factor $O$ of its final weights (the run records `M`, not `W`); with the
     targets `ys` and the run's `learning_rate`, the expected shifts of its
-    switch-ons (`leading_order_validity`).
+    switch-ons (`leading_order_validity`; the levels not settled: they are
+    the real layer's own).
 
     **Raises:** `ValueError` when the run has no `M` snapshots
     (`train(..., snapshots=False)` or a `basis`).
@@ -597,4 +594,5 @@ def validity_of_run(
         num_inputs=num_inputs,
         ys=ys,
         learning_rate=learning_rate,
+        settled=False,
     )
