@@ -18,7 +18,7 @@ gradient descent never takes.
 So the weights at each record are the factor of the engine's $M$ nearest
 (Frobenius) to the previous record's weights carried by the quadratic form's
 flow between the two, $\Phi_i W_i$, $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar
-G_i}$ (`_shifts.carry_back`): $W_{i+1} = F_{i+1} Q$ with $F_{i+1}$ the engine's
+G_i}$ (as `_shifts.carry_back`): $W_{i+1} = F_{i+1} Q$ with $F_{i+1}$ the engine's
 factor and $Q$ the orthogonal Procrustes rotation of $F_{i+1}^\top \Phi_i
 W_i$. $W W^\top = M$ at every record, as before; the first record is kept.
 """
@@ -28,23 +28,39 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._shifts import carry_back
-
 
 @eqx.filter_jit
-def _generators(structure, xs, ys, Ws):
-    r"""$G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$ at each of `Ws`
-    (shape `(R, p, m)`): the quadratic form's gradient is $2 G W$. Shape
-    `(R, p, p)`."""
+def _carry(structure, xs, ys, Ws, dts, learning_rate):
+    r"""`carried_factors` in one compiled pass: $G$ at each record (the
+    quadratic form's gradient is $2 G W$), the flow between records from their
+    mean, and the Procrustes rotation of each record's factor."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n = xs.shape[0]
 
-    def one(W):
+    def generator(W):
         residual = (f0 + structure.contract_factor(xs, W) - ys) / n
         return structure.weighted_sum(xs, residual)
 
-    return jax.lax.map(one, Ws)
+    G = jax.lax.map(generator, Ws)
+
+    def step(W, piece):
+        G_mean, dt, F = piece
+        mu, V = jnp.linalg.eigh(G_mean)
+        grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dt * mu, 600.0))
+        # F = U S V^T (thin): F Q depends on Q only through P = V^T Q, and
+        # the P nearest is the polar factor of S U^T (Phi W) (thin SVDs only:
+        # an (m, m) one of rank p is slow on zero singular values)
+        U, S, _ = jnp.linalg.svd(F, full_matrices=False)
+        A, _, Bt = jnp.linalg.svd(
+            S[:, None] * (U.T @ ((V * grow) @ V.T @ W)), full_matrices=False
+        )
+        W = U @ (S[:, None] * (A @ Bt))
+        return W, W
+
+    pieces = (0.5 * (G[1:] + G[:-1]), dts, Ws[1:])
+    _, rest = jax.lax.scan(step, Ws[0], pieces)
+    return jnp.concatenate([Ws[:1], rest])
 
 
 def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray:
@@ -53,15 +69,16 @@ def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray
     form's flow carries from the first record (see the module). Float64 numpy,
     shape `(R, p, m)`; `W W^T` unchanged."""
     W = np.asarray(factors, np.float64)
-    ts = np.asarray(ts, np.float64)
     if W.shape[0] < 2:
         return W
     xs = jnp.asarray(xs)
-    G = _generators(structure, xs, jnp.asarray(ys, xs.dtype), jnp.asarray(W, xs.dtype))
-    flows = carry_back(ts, float(learning_rate), np.asarray(G, np.float64))
-    out = np.empty_like(W)
-    out[0] = W[0]
-    for i in range(W.shape[0] - 1):
-        U, _, Vt = np.linalg.svd(W[i + 1].T @ (flows[i] @ out[i]))
-        out[i + 1] = W[i + 1] @ (U @ Vt)
-    return out
+    dts = jnp.asarray(np.diff(np.asarray(ts, np.float64)), xs.dtype)
+    out = _carry(
+        structure,
+        xs,
+        jnp.asarray(ys, xs.dtype),
+        jnp.asarray(W, xs.dtype),
+        dts,
+        jnp.asarray(learning_rate, xs.dtype),
+    )
+    return np.asarray(out, np.float64)
