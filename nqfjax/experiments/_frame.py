@@ -53,7 +53,7 @@ def _carry(structure, xs, ys, Ws, dts, learning_rate):
         # an (m, m) one of rank p is slow on zero singular values)
         U, S, _ = jnp.linalg.svd(F, full_matrices=False)
         A, _, Bt = jnp.linalg.svd(
-            S[:, None] * (U.T @ ((V * grow) @ V.T @ W)), full_matrices=False
+            S[:, None] * (U.T @ ((V * grow[None, :]) @ V.T @ W)), full_matrices=False
         )
         W = U @ (S[:, None] * (A @ Bt))
         return W, W
