@@ -287,7 +287,8 @@ def test_validity_calibration_quick(tmp_path):
     expected shifts follow its measured errors switch-on by switch-on (measured
     +0.61/+1.60% against +0.75/+1.80%; +0.37/-16.6% against +0.29/-18.1%)
     within 2 points, the accuracy of a first-order estimate of an 18% effect
-    (+0.37/-16.3% since the learned levels settle); the QK head is off by 13%
+    (+0.37/-16.3% since the learned levels settle, +0.37/-18.0% since the
+    weights carry the units' frame); the QK head is off by 13%
     and flagged, its largest expected shift of the measured sign (-20.1%
     against -13.1%)."""
     import json
@@ -354,23 +355,18 @@ def test_direction_carried_back_is_the_flow():
 
 
 @pytest.mark.slow  # predicts and trains one row of the calibration, ~45 s
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: the verdict over-estimates Conv1D's third switch-on at "
-    "targets x1, init 1e-3 (expected -3.1%, measured -0.8% since the learned "
-    "levels settle: a false flag, issue 28)",
-)
 def test_conv1d_third_switch_on_against_the_trained_network():
     """`Conv1D` on 200 MNIST-1D signals (the one-vs-rest target of digit 2, init
     1e-3, width 64, the fastest growth rate 0.01 per step), the row of
     `benchmarks/validity_calibration.py` whose third switch-on the verdict
-    over-estimates. The expected shift should be within 2 points of the real
+    over-estimated. The expected shift should be within 2 points of the real
     network's measured error and the row, within 2%, not flagged. Measured:
     -3.9% against -0.8% when the feed was counted on the third eigenvector by
     rank; -2.3% on the direction that becomes the third mode (2026-12-04);
     -3.1% since the learned modes' levels settle where the real layer holds
-    them (2026-12-05: the first two +0.3% and +0.4% against +0.3% and +0.4%),
-    flagged: a known failure (strict: it fails when the estimate is fixed)."""
+    them (2026-12-05), flagged; -1.4% since the predicted weights carry the
+    units' frame as gradient descent does (`_frame`; the first two +0.3% and
+    +0.4% against +0.3% and +0.4%), not flagged."""
     import sys
     from pathlib import Path
 

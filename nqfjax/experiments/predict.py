@@ -22,6 +22,7 @@ from .._checks import eager_only, static_int
 from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
+from ._frame import carried_factors
 from .engines import AbstractEngine, AutoEngine, accepts_factor, engine_from_word
 from .switch_ons import SwitchOns, rank_switch_ons, switch_ons
 from .validity import Validity, leading_order_validity
@@ -346,6 +347,8 @@ def predict(
         factors, records = np.zeros((0, task.p, 1)), np.zeros(0)
     else:
         factors, records = run.factors, grid[run.factor_index]
+        # in the frame of units that gradient descent carries (`_frame`)
+        factors = carried_factors(structure, xs, ys, factors, records, eta)
     validity = leading_order_validity(
         structure,
         xs,

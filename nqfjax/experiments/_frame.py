@@ -1,0 +1,84 @@
+r"""The predicted weights in the frame of units that gradient descent
+carries (`carried_factors`).
+
+An engine that integrates $M = W W^\top$ gives the weights at the records as
+$W(t) = M(t)^{1/2} O$ (`validity.factors_of`), the polar factor $O$ of the
+initial weights held fixed. Gradient descent on the quadratic form moves the
+weights by $\dot W = -2\eta\,G W$ ($G$ symmetric): from the left only, so a
+direction $\psi(t) = \Phi(T, t)^\top \psi$ carried back by that flow keeps its
+pattern over the units, $W(t)^\top \psi(t)$, fixed. $M^{1/2} O$ has the same
+$M$ but turns the units' frame: for `Conv1D` on MNIST-1D (targets x1, init
+`1e-3`) the third mode's pattern turns by 40 degrees between the first record
+read and its switch-on, where gradient descent on the quadratic form keeps it
+within 7 degrees. A layer whose units are not interchangeable (each unit's
+own nonlinearity) feeds its waiting modes through the units that carry them,
+and a feed read in a turning frame adds up across records in directions that
+gradient descent never takes.
+
+So the weights at each record are the factor of the engine's $M$ nearest
+(Frobenius) to the previous record's weights carried by the quadratic form's
+flow between the two, $\Phi_i W_i$, $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar
+G_i}$ (as `_shifts.carry_back`): $W_{i+1} = F_{i+1} Q$ with $F_{i+1}$ the engine's
+factor and $Q$ the orthogonal Procrustes rotation of $F_{i+1}^\top \Phi_i
+W_i$. $W W^\top = M$ at every record, as before; the first record is kept.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@eqx.filter_jit
+def _carry(structure, xs, ys, Ws, dts, learning_rate):
+    r"""`carried_factors` in one compiled pass: $G$ at each record (the
+    quadratic form's gradient is $2 G W$), the flow between records from their
+    mean, and the Procrustes rotation of each record's factor."""
+    zero = jnp.zeros((structure.p, 1), Ws.dtype)
+    f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
+    n = xs.shape[0]
+
+    def generator(W):
+        residual = (f0 + structure.contract_factor(xs, W) - ys) / n
+        return structure.weighted_sum(xs, residual)
+
+    G = jax.lax.map(generator, Ws)
+
+    def step(W, piece):
+        G_mean, dt, F = piece
+        mu, V = jnp.linalg.eigh(G_mean)
+        grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dt * mu, 600.0))
+        # F = U S V^T (thin): F Q depends on Q only through P = V^T Q, and
+        # the P nearest is the polar factor of S U^T (Phi W) (thin SVDs only:
+        # an (m, m) one of rank p is slow on zero singular values)
+        U, S, _ = jnp.linalg.svd(F, full_matrices=False)
+        A, _, Bt = jnp.linalg.svd(
+            S[:, None] * (U.T @ ((V * grow[None, :]) @ V.T @ W)), full_matrices=False
+        )
+        W = U @ (S[:, None] * (A @ Bt))
+        return W, W
+
+    pieces = (0.5 * (G[1:] + G[:-1]), dts, Ws[1:])
+    _, rest = jax.lax.scan(step, Ws[0], pieces)
+    return jnp.concatenate([Ws[:1], rest])
+
+
+def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray:
+    r"""The weights `factors` (shape `(R, p, m)`, at the increasing times `ts`)
+    turned, record by record, into the frame of units that the quadratic
+    form's flow carries from the first record (see the module). Float64 numpy,
+    shape `(R, p, m)`; `W W^T` unchanged."""
+    W = np.asarray(factors, np.float64)
+    if W.shape[0] < 2:
+        return W
+    xs = jnp.asarray(xs)
+    dts = jnp.asarray(np.diff(np.asarray(ts, np.float64)), xs.dtype)
+    out = _carry(
+        structure,
+        xs,
+        jnp.asarray(ys, xs.dtype),
+        jnp.asarray(W, xs.dtype),
+        dts,
+        jnp.asarray(learning_rate, xs.dtype),
+    )
+    return np.asarray(out, np.float64)
