@@ -138,18 +138,36 @@ def sweep_data(structure: str, scale: float):
     raise ValueError(structure)
 
 
+#: What `predict` does only for its verdict, timed as the verdict's cost: the
+#: weights turned into the units' frame, and `leading_order_validity`.
+_VERDICT_PARTS = ("carried_factors", "leading_order_validity")
+
+
 class _Timer:
-    """Times the calls of `leading_order_validity` made inside `predict`."""
+    """Times the calls of `_VERDICT_PARTS` made inside `predict` (installed
+    with `with _Timer() as timer:`)."""
 
     def __init__(self):
         self.seconds = 0.0
-        self._inner = _predict_module.leading_order_validity
+        self._inner = {n: getattr(_predict_module, n) for n in _VERDICT_PARTS}
 
-    def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
-        out = self._inner(*args, **kwargs)
-        self.seconds += time.perf_counter() - start
-        return out
+    def _timed(self, inner):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            out = inner(*args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            return out
+
+        return call
+
+    def __enter__(self):
+        for name, inner in self._inner.items():
+            setattr(_predict_module, name, self._timed(inner))
+        return self
+
+    def __exit__(self, *exc):
+        for name, inner in self._inner.items():
+            setattr(_predict_module, name, inner)
 
 
 def landmark_errors(pred, trained, horizon) -> list[float]:
@@ -197,14 +215,10 @@ def one_row(
     # the shortest kept (of the whole call and of the verdict, each: the machine
     # is shared)
     for when in ("cold",) + ("warm",) * WARM_CALLS:
-        timer = _Timer()
-        _predict_module.leading_order_validity = timer
-        try:
+        with _Timer() as timer:
             start = time.perf_counter()
             pred = nqfjax.predict(structure, xs, ys, num_steps=num_steps, **common)
             took = (time.perf_counter() - start, timer.seconds)
-        finally:
-            _predict_module.leading_order_validity = timer._inner
         seconds[when] = tuple(map(min, zip(seconds.get(when, took), took)))
     if measured is None:
         record = [int(t) for t in np.asarray(pred.ts)]

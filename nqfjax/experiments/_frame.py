@@ -43,23 +43,23 @@ def _carry(structure, xs, ys, Ws, dts, learning_rate):
         return structure.weighted_sum(xs, residual)
 
     G = jax.lax.map(generator, Ws)
+    # what does not depend on the carried weights, batched before the scan:
+    # the flow between records (eigh of the mean G) and the thin SVD of each
+    # record's factor (F = U S V^T: F Q depends on Q only through P = V^T Q,
+    # and the P nearest is the polar factor of S U^T (Phi W); thin SVDs only:
+    # an (m, m) one of rank p is slow on zero singular values)
+    mu, V = jnp.linalg.eigh(0.5 * (G[1:] + G[:-1]))
+    grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dts[:, None] * mu, 600.0))
+    flow = jnp.einsum("rpi,ri,rqi->rpq", V, grow, V)
+    U, S, _ = jnp.linalg.svd(Ws[1:], full_matrices=False)
 
     def step(W, piece):
-        G_mean, dt, F = piece
-        mu, V = jnp.linalg.eigh(G_mean)
-        grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dt * mu, 600.0))
-        # F = U S V^T (thin): F Q depends on Q only through P = V^T Q, and
-        # the P nearest is the polar factor of S U^T (Phi W) (thin SVDs only:
-        # an (m, m) one of rank p is slow on zero singular values)
-        U, S, _ = jnp.linalg.svd(F, full_matrices=False)
-        A, _, Bt = jnp.linalg.svd(
-            S[:, None] * (U.T @ ((V * grow[None, :]) @ V.T @ W)), full_matrices=False
-        )
+        flow, U, S = piece
+        A, _, Bt = jnp.linalg.svd(S[:, None] * (U.T @ (flow @ W)), full_matrices=False)
         W = U @ (S[:, None] * (A @ Bt))
         return W, W
 
-    pieces = (0.5 * (G[1:] + G[:-1]), dts, Ws[1:])
-    _, rest = jax.lax.scan(step, Ws[0], pieces)
+    _, rest = jax.lax.scan(step, Ws[0], (flow, U, S))
     return jnp.concatenate([Ws[:1], rest])
 
 
