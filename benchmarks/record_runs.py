@@ -94,8 +94,8 @@ def data(name: str):
         y = ys[:, c : c + 1]
         return nqfjax.Conv1D(length=40, kernel_size=5, stride=5), xs, y / y.std()
     if name in ("attention_b", "attention_c", "attention_d", "attention_e"):
-        seed = {"attention_b": 1, "attention_c": 2, "attention_d": 3}.get(name, 4)
-        xs, ys = teacher_sequences(256, seed=seed)
+        seeds = {"attention_b": 1, "attention_c": 2, "attention_d": 3, "attention_e": 4}
+        xs, ys = teacher_sequences(256, seed=seeds[name])
         return nqfjax.QKAttention(T=4, d=4), xs, ys
     if name in ("iris", "wine", "breast_cancer"):
         xs, ys = nqfjax.load_dataset(name, dtype=np.float64)

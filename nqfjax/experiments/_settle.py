@@ -38,11 +38,18 @@ import jax.numpy as jnp
 SETTLE_STEPS = 3
 
 
+def real_output_and_gradient(structure, xs, ys, W):
+    r"""The real layer's outputs $f(x; W)$ on `xs` (shape `(n, k)`) and
+    $\nabla_W$ of $\frac{1}{2n}\sum_x |f(x; W) - y|^2$ (shape `(p, m)`): one
+    forward and backward pass."""
+    f, pull = jax.vjp(lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W)
+    return f, pull((f - ys) / xs.shape[0])[0]
+
+
 def real_gradient(structure, xs, ys, W):
     r"""$\nabla_W$ of $\frac{1}{2n}\sum_x |f(x; W) - y|^2$ for the real layer,
-    shape `(p, m)`."""
-    f, pull = jax.vjp(lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W)
-    return pull((f - ys) / xs.shape[0])[0]
+    shape `(p, m)` (`real_output_and_gradient`)."""
+    return real_output_and_gradient(structure, xs, ys, W)[1]
 
 
 def settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, learned):

@@ -55,7 +55,7 @@ from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
 from ._modes import learned_count
-from ._settle import settled_gradient
+from ._settle import real_output_and_gradient, settled_gradient
 from ._shifts import flow, modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
 
@@ -260,11 +260,8 @@ def _gradient_gap(structure, xs, ys, Ws, start, stop, learned=None, num_modes=0)
     def body(i, carry):
         out, G_prev = carry
         W = Ws[i]
-        f, pull_real = jax.vjp(
-            lambda W: jax.vmap(lambda x: structure.layer(W, x))(xs), W
-        )
+        f, g_real = real_output_and_gradient(structure, xs, ys, W)
         quad = structure.contract_factor(xs, W)
-        (g_real,) = pull_real((f - ys) / n)
         # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile
         G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
         g_quad = 2.0 * G @ W
