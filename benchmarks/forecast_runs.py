@@ -25,6 +25,7 @@ Against two naive baselines, scored the same way:
     python benchmarks/forecast_runs.py --held-out-2  # the third set
     python benchmarks/forecast_runs.py --held-out-3  # the fourth set
     python benchmarks/forecast_runs.py --held-out-4  # the fifth set
+    python benchmarks/forecast_runs.py --held-out-5  # the sixth set
     python benchmarks/forecast_runs.py iris_gd ...   # just these
 """
 
@@ -63,7 +64,8 @@ def run_names(held_out: bool | int = False) -> list[str]:
     """The runs `record_runs.py` records: those the forecast was first
     developed on, or with `held_out` those kept from its first revision
     (`True` or 1: `HELD_OUT`), from its second (2: `HELD_OUT_2`) or from
-    its third (3: `HELD_OUT_3`) or from its fourth (4: `HELD_OUT_4`) (the
+    its third (3: `HELD_OUT_3`), from its fourth (4: `HELD_OUT_4`) or from
+    its fifth (5: `HELD_OUT_5`) (the
     folder also holds the staircase runs of `examples/runs/record.py`, which
     sit on their last plateau from 30% of their steps on)."""
     from record_runs import (
@@ -71,10 +73,18 @@ def run_names(held_out: bool | int = False) -> list[str]:
         HELD_OUT_2,
         HELD_OUT_3,
         HELD_OUT_4,
+        HELD_OUT_5,
         RUNS as RECORDED,
     )
 
-    sets = {0: RECORDED, 1: HELD_OUT, 2: HELD_OUT_2, 3: HELD_OUT_3, 4: HELD_OUT_4}
+    sets = {
+        0: RECORDED,
+        1: HELD_OUT,
+        2: HELD_OUT_2,
+        3: HELD_OUT_3,
+        4: HELD_OUT_4,
+        5: HELD_OUT_5,
+    }
     return sorted(sets[int(held_out)])
 
 
@@ -181,7 +191,7 @@ def wins(result: dict) -> tuple[bool, bool]:
 
 
 def main(names):
-    flags = {"--held-out": 1, "--held-out-2": 2, "--held-out-3": 3, "--held-out-4": 4}
+    flags = {"--held-out": 1, **{f"--held-out-{k}": k for k in range(2, 6)}}
     held_out = max([flags.get(n, 0) for n in names], default=0)
     names = [n for n in names if not n.startswith("--")] or run_names(held_out)
     print(
