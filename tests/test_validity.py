@@ -435,16 +435,16 @@ def test_gradient_gap_on_a_range_of_records():
     eigendecompositions, record by record; zero outside the range; and the
     eigendecompositions in blocks of 16 (19 matrices) NumPy's: float64
     roundoff."""
+    from nqfjax.experiments._gap import gradient_gap
     from nqfjax.experiments._shifts import eigh
-    from nqfjax.experiments.validity import _gradient_gap
 
     rng = np.random.default_rng(5)
     structure = nqfjax.Perceptron(d=4, k=2)
     xs = rng.standard_normal((30, 4))
     ys = rng.standard_normal((30, 2))
     Ws = 0.3 * rng.standard_normal((11, structure.p, 6))
-    got = [np.asarray(a) for a in _gradient_gap(structure, xs, ys, Ws, 3, 9)]
-    delta, quad, gap, grad, G, lam, U, mu, V = got
+    got = [np.asarray(a) for a in gradient_gap(structure, xs, ys, Ws, 3, 9)]
+    delta, quad, gap, grad, G, lam, U, mu, V, read = got
     layer = jax.vmap(structure.layer, in_axes=(None, 0))
     f0 = layer(jnp.zeros((structure.p, 1)), xs)
 
@@ -460,6 +460,7 @@ def test_gradient_gap_on_a_range_of_records():
             assert not any(np.any(a[i]) for a in got)
             continue
         W = Ws[i]
+        np.testing.assert_array_equal(read[i], W)  # no frame carried
         part = structure.contract_factor(xs, W)
         departure = layer(W, xs) - f0 - part
         assert delta[i] == pytest.approx(float(jnp.linalg.norm(departure)), 1e-12)
@@ -521,3 +522,43 @@ def test_records_read_are_those_that_feed():
     assert abs(whole - r / 4) > 0.01  # the feed matters (D about 1)
     assert part == pytest.approx(whole, abs=2e-3 * abs(whole - r / 4))
     assert estimated_records(ts, W, [np.nan, np.nan]) == slice(0, 0)
+
+
+def test_frame_carried_inside_the_loop_is_carried_factors():
+    """`carry_frame=True` turns the weights into the units' frame inside the
+    compiled loop that reads the gap (from record 0, sharing its $G$ and
+    flow): the expected shifts and departures equal those read at the weights
+    `_frame.carried_factors` gives (float64 roundoff), and differ from those
+    read at $M^{1/2} O$ itself (so the frame is carried at all). Iris, a tanh
+    perceptron of 16 units (> p = 7) from init 1e-3, the M-space flow."""
+    from sklearn.datasets import load_iris
+
+    from nqfjax.experiments._frame import carried_factors
+    from nqfjax.experiments.engines import MFlowEngine
+    from nqfjax.tasks.sampled import task_from_samples
+
+    with jax.enable_x64(True):
+        X, y = load_iris(return_X_y=True)
+        X = (X - X.mean(0)) / X.std(0)
+        Y = np.eye(3)[y] - np.eye(3)[y].mean(0)
+        structure = nqfjax.Perceptron(d=4, k=3)
+        eta = 0.05
+        W0 = 1e-3 * jax.random.normal(jax.random.key(3), (structure.p, 16))
+        ts = jnp.asarray(np.unique(np.round(np.geomspace(1, 4000, 40))))
+        task = task_from_samples(structure, X, Y)
+        run = MFlowEngine().run(task, W0 @ W0.T, ts, eta, W0=W0)
+        records = np.asarray(ts)[run.factor_index]
+        factors = np.asarray(run.factors)
+        common = dict(ys=Y, learning_rate=eta)
+        inside = leading_order_validity(
+            structure, X, factors, records, carry_frame=True, **common
+        )
+        turned = carried_factors(structure, X, Y, factors, records, eta)
+        outside = leading_order_validity(structure, X, turned, records, **common)
+        raw = leading_order_validity(structure, X, factors, records, **common)
+    shift = np.asarray(inside.expected_shift)
+    assert np.isfinite(shift).sum() >= 2
+    np.testing.assert_allclose(shift, outside.expected_shift, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(inside.departure, outside.departure, rtol=1e-8)
+    # measured: +3.1%, +2.7% carried against +3.2%, +2.0% at M^{1/2} O
+    assert np.nanmax(np.abs(shift - np.asarray(raw.expected_shift))) > 1e-3

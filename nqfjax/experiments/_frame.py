@@ -21,6 +21,8 @@ flow between the two, $\Phi_i W_i$, $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar
 G_i}$ (as `_shifts.carry_back`): $W_{i+1} = F_{i+1} Q$ with $F_{i+1}$ the engine's
 factor and $Q$ the orthogonal Procrustes rotation of $F_{i+1}^\top \Phi_i
 W_i$. $W W^\top = M$ at every record, as before; the first record is kept.
+`_gap.gradient_gap` carries the frame the same way (`nearest_factor`) inside
+its loop over the records that reads the gap.
 """
 
 import equinox as eqx
@@ -29,11 +31,23 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def nearest_factor(F, Y):
+    r"""The factor of $F F^\top$ nearest `Y` (Frobenius), $F Q$ with $Q$ the
+    orthogonal Procrustes rotation of $F^\top Y$; `F`, `Y` of shape `(p, m)`.
+    By thin SVDs only ($F = U S V^\top$: $F Q$ depends on $Q$ only through
+    $P = V^\top Q$, and the $P$ nearest is the polar factor of
+    $S U^\top Y$; an `(m, m)` SVD of rank `p` is slow on its zero singular
+    values)."""
+    U, S, _ = jnp.linalg.svd(F, full_matrices=False)
+    A, _, Bt = jnp.linalg.svd(S[:, None] * (U.T @ Y), full_matrices=False)
+    return U @ (S[:, None] * (A @ Bt))
+
+
 @eqx.filter_jit
 def _carry(structure, xs, ys, Ws, dts, learning_rate):
     r"""`carried_factors` in one compiled pass: $G$ at each record (the
     quadratic form's gradient is $2 G W$), the flow between records from their
-    mean, and the Procrustes rotation of each record's factor."""
+    mean, and the nearest factor of each record's $M$ (`nearest_factor`)."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n = xs.shape[0]
@@ -43,23 +57,16 @@ def _carry(structure, xs, ys, Ws, dts, learning_rate):
         return structure.weighted_sum(xs, residual)
 
     G = jax.lax.map(generator, Ws)
-    # what does not depend on the carried weights, batched before the scan:
-    # the flow between records (eigh of the mean G) and the thin SVD of each
-    # record's factor (F = U S V^T: F Q depends on Q only through P = V^T Q,
-    # and the P nearest is the polar factor of S U^T (Phi W); thin SVDs only:
-    # an (m, m) one of rank p is slow on zero singular values)
     mu, V = jnp.linalg.eigh(0.5 * (G[1:] + G[:-1]))
     grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dts[:, None] * mu, 600.0))
     flow = jnp.einsum("rpi,ri,rqi->rpq", V, grow, V)
-    U, S, _ = jnp.linalg.svd(Ws[1:], full_matrices=False)
 
     def step(W, piece):
-        flow, U, S = piece
-        A, _, Bt = jnp.linalg.svd(S[:, None] * (U.T @ (flow @ W)), full_matrices=False)
-        W = U @ (S[:, None] * (A @ Bt))
+        flow, F = piece
+        W = nearest_factor(F, flow @ W)
         return W, W
 
-    _, rest = jax.lax.scan(step, Ws[0], (flow, U, S))
+    _, rest = jax.lax.scan(step, Ws[0], (flow, Ws[1:]))
     return jnp.concatenate([Ws[:1], rest])
 
 

@@ -22,7 +22,6 @@ from .._checks import eager_only, static_int
 from ..engines.train import TrainResult, log_spaced_steps
 from ..structures.base import AbstractStructure
 from ..tasks.sampled import task_from_samples
-from ._frame import carried_factors
 from .engines import AbstractEngine, AutoEngine, accepts_factor, engine_from_word
 from .switch_ons import SwitchOns, rank_switch_ons, switch_ons
 from .validity import Validity, leading_order_validity
@@ -347,8 +346,6 @@ def predict(
         factors, records = np.zeros((0, task.p, 1)), np.zeros(0)
     else:
         factors, records = run.factors, grid[run.factor_index]
-        # in the frame of units that gradient descent carries (`_frame`)
-        factors = carried_factors(structure, xs, ys, factors, records, eta)
     validity = leading_order_validity(
         structure,
         xs,
@@ -358,6 +355,8 @@ def predict(
         ys=ys,
         learning_rate=eta,
         switch_times=times,
+        # in the frame of units that gradient descent carries (`_frame`)
+        carry_frame=True,
     )
     as_array = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return Prediction(

@@ -54,8 +54,8 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
+from ._gap import gradient_gap
 from ._modes import learned_count
-from ._settle import real_output_and_gradient, settled_gradient
 from ._shifts import flow, modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
 
@@ -164,7 +164,7 @@ def _departures(structure, xs, Ws):
 _BLOCK = 8
 
 #: The trajectory whose records the expected shifts read is padded to a
-#: multiple of this (`_gradient_gap` runs only on the records read).
+#: multiple of this (`_gap.gradient_gap` runs only on the records read).
 _RECORDS = 32
 
 
@@ -237,52 +237,6 @@ def _shift_verdict(ts, times, shift, tolerance, lag) -> tuple[float, str]:
     )
 
 
-@eqx.filter_jit
-def _gradient_gap(structure, xs, ys, Ws, start, stop, learned=None, num_modes=0):
-    r"""At the records `start <= i < stop` of `Ws` (shape `(R, p, m)`; both
-    traced, so one compilation serves every range): the norms of the real
-    layer's departure and of its quadratic part (as `_departures`); the real
-    layer's loss gradient less its quadratic form's, $\delta g$, and the
-    quadratic form's, shapes `(R, p, m)`, for the loss
-    $\frac{1}{2n}\sum_x |f(x) - y|^2$, the quadratic form's in closed form
-    $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
-    (`weighted_sum`); the eigenvalues (ascending) and eigenvectors of $W W^\top$
-    and of $\bar G_i = (G_{i-1} + G_i)/2$ (`_shifts.flow`). Zero outside the
-    range. With `learned` (shape `(R,)`, traced: how many of the `num_modes`
-    largest modes are learned at each record), $\delta g$ is read with the
-    learned modes' levels settled where the real layer holds them
-    (`_settle`). One forward and backward pass of the real layer per record,
-    and `SETTLE_STEPS` more where a mode is learned."""
-    zero = jnp.zeros((structure.p, 1), Ws.dtype)
-    f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
-    n, (R, p, m) = xs.shape[0], Ws.shape
-
-    def body(i, carry):
-        out, G_prev = carry
-        W = Ws[i]
-        f, g_real = real_output_and_gradient(structure, xs, ys, W)
-        quad = structure.contract_factor(xs, W)
-        # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile
-        G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
-        g_quad = 2.0 * G @ W
-        delta = f - f0 - quad
-        lam, U = jnp.linalg.eigh(W @ W.T)
-        mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
-        if num_modes > 0:  # the largest modes, by rank
-            top = (lam[::-1][:num_modes], U[:, ::-1][:, :num_modes])
-            g_real = settled_gradient(
-                structure, xs, ys, W, g_real, g_quad, *top, learned[i]
-            )
-        now = (jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2)))
-        now += (g_real - g_quad, g_quad, G, lam, U, mu, V)
-        return tuple(o.at[i].set(a) for o, a in zip(out, now)), G
-
-    shapes = ((), (), (p, m), (p, m), (p, p), (p,), (p, p), (p,), (p, p))
-    out = tuple(jnp.zeros((R, *s), Ws.dtype) for s in shapes)
-    G0 = jnp.zeros((p, p), Ws.dtype)
-    return jax.lax.fori_loop(start, stop, body, (out, G0))[0]
-
-
 def expected_shifts(
     ts: Float[ArrayLike, " R"],
     factors: Float[ArrayLike, "R p m"],
@@ -332,6 +286,7 @@ def leading_order_validity(
     learning_rate: float | None = None,
     switch_times: Float[ArrayLike, " c"] | None = None,
     settled: bool = True,
+    carry_frame: bool = False,
 ) -> Validity:
     r"""The departure of the real layer from its quadratic form along the
     weights `factors` (one `(p, m)` matrix per record), over the inputs `xs`
@@ -362,6 +317,10 @@ def leading_order_validity(
       the real layer holds them (`_settle`: weights of the quadratic form's
       flow); `False` for weights the real layer trained, whose levels are its
       own (`validity_of_run`).
+    - `carry_frame`: with `ys`, first turn the weights, record by record from
+      the first, into the frame of units that the quadratic form's flow
+      carries (`_frame.carried_factors`; for the weights $M^{1/2} O$ of an
+      engine that integrates $M$: `predict`).
 
     **Returns:** a `Validity`.
     """
@@ -416,7 +375,16 @@ def leading_order_validity(
     shift = None
     if with_ys:
         ts, delta, quad, shift = _read_records(
-            structure, xs, ys, W, ts, kept, float(learning_rate), times, settled
+            structure,
+            xs,
+            ys,
+            W,
+            ts,
+            kept,
+            float(learning_rate),
+            times,
+            settled,
+            carry_frame,
         )
     else:
         delta, quad = _departures_by_blocks(structure, xs, factors)
@@ -442,10 +410,10 @@ def leading_order_validity(
     )
 
 
-def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled):
+def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled, carry):
     """`(ts, ||delta||, ||quadratic||, expected shifts)` at the records `kept`
     (`estimated_records`) of the weights `W` (float64, shape `(R, p, m)`) at
-    `ts`."""
+    `ts`, turned into the carried frame with `carry`."""
     # the whole trajectory padded with zeros to a multiple of _RECORDS, the
     # range traced: compiled once per layer, inputs and multiple of _RECORDS,
     # whatever the records read
@@ -459,11 +427,24 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled)
     modes = int(min(on.size, *W.shape[1:])) if settled else 0
     span = (np.int64(kept.start), np.int64(kept.stop))
     padded = padded.astype(xs.dtype)
-    measured = _gradient_gap(structure, xs, ys, padded, *span, learned, modes)
-    delta, quad, gap, grad, _, lam, U, mu, V = (
+    times_padded = np.zeros(padded.shape[0], xs.dtype)
+    times_padded[: ts.shape[0]] = ts
+    measured = gradient_gap(
+        structure,
+        xs,
+        ys,
+        padded,
+        *span,
+        learned,
+        modes,
+        times_padded,
+        np.asarray(learning_rate, xs.dtype),
+        carry,
+    )
+    delta, quad, gap, grad, _, lam, U, mu, V, W = (
         np.asarray(a, np.float64)[kept] for a in measured
     )
-    ts, W = ts[kept], W[kept]
+    ts = ts[kept]
     flows = flow(ts, learning_rate, mu[1:], V[1:])
     shift = shifts(ts, W, gap, grad, learning_rate, times, lam, U, flows)
     return ts, delta, quad, shift
