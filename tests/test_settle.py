@@ -44,6 +44,26 @@ def _force(W, g, lam, U, learned):
     return 0.5 * np.einsum("pa,pm,ma->a", U, g, W.T @ U)[:learned] / lam[:learned]
 
 
+def _settled_root(structure, xs, ys, W, g_quad, lam, U):
+    """The two learned levels whose real-layer drive equals the quadratic
+    form's at `W`, by scipy's `root` on the exact drive by autodiff (to
+    1e-12), and the real layer's gradient there: `(root, gradient)`."""
+    W_, lam_, U_ = np.asarray(W), np.asarray(lam), np.asarray(U)
+    target = _force(W_, np.asarray(g_quad), lam_, U_, 2)
+
+    def gradient(s):
+        shift = np.concatenate([s, [0.0]])
+        at = W_ + 0.5 * ((U_ * (shift / lam_)) @ U_.T) @ W_
+        return np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at)))
+
+    def mismatch(s):
+        return _force(W_, gradient(s), lam_, U_, 2) - target
+
+    root = scipy.optimize.root(mismatch, np.zeros(2), tol=1e-12)
+    assert root.success
+    return root.x, gradient(root.x)
+
+
 def test_settled_levels_solve_the_real_layers_balance(monkeypatch):
     """With the two largest modes learned: the levels `s` whose real-layer
     drive equals the quadratic form's at `W` (found by scipy's `root` on the
@@ -53,22 +73,9 @@ def test_settled_levels_solve_the_real_layers_balance(monkeypatch):
     change (the convergence the module measures on the softmax head)."""
     with jax.enable_x64(True):
         structure, xs, ys, W, g_real, g_quad, lam, U = _head_case()
-        W_, lam_, U_ = np.asarray(W), np.asarray(lam), np.asarray(U)
-        target = _force(W_, np.asarray(g_quad), lam_, U_, 2)
-
-        def at(s):
-            shift = np.concatenate([s, [0.0]])
-            return W_ + 0.5 * ((U_ * (shift / lam_)) @ U_.T) @ W_
-
-        def mismatch(s):
-            g = np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at(s))))
-            return _force(W_, g, lam_, U_, 2) - target
-
-        root = scipy.optimize.root(mismatch, np.zeros(2), tol=1e-12)
-        assert root.success
+        root, expect = _settled_root(structure, xs, ys, W, g_quad, lam, U)
         # the real layer holds these levels higher than its quadratic form
-        assert np.all(root.x > 0.05)
-        expect = np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at(root.x))))
+        assert np.all(root > 0.05)
 
         monkeypatch.setattr(_settle, "SETTLE_STEPS", 30)
         got = settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, 2)
@@ -156,21 +163,7 @@ def test_warm_start_along_a_trajectory():
     assert WARM_STEPS == 1
     with jax.enable_x64(True):
         structure, xs, ys, W, g_real, g_quad, lam, U = _head_case()
-        W_, lam_, U_ = np.asarray(W), np.asarray(lam), np.asarray(U)
-        target = _force(W_, np.asarray(g_quad), lam_, U_, 2)
-
-        def at(s):
-            shift = np.concatenate([s, [0.0]])
-            return W_ + 0.5 * ((U_ * (shift / lam_)) @ U_.T) @ W_
-
-        def gradient(s):
-            return np.asarray(real_gradient(structure, xs, ys, jnp.asarray(at(s))))
-
-        def mismatch(s):
-            return _force(W_, gradient(s), lam_, U_, 2) - target
-
-        root = scipy.optimize.root(mismatch, np.zeros(2), tol=1e-12).x
-        expect = gradient(root)
+        root, expect = _settled_root(structure, xs, ys, W, g_quad, lam, U)
         change = np.linalg.norm(expect - np.asarray(g_real))
         tol = dict(rtol=WARM_RTOL, atol=WARM_ATOL)
 
