@@ -39,14 +39,15 @@ import jax.numpy as jnp
 #: -9.1%, -19.8%, -20.8%, -20.9%, -20.9% (measured: -19.5%).
 SETTLE_STEPS = 3
 
-#: Along a trajectory (`validity._gradient_gap`) the levels start from those
+#: Along a trajectory (`_gap.gradient_gap`) the levels start from those
 #: settled at the record before, and take at most `WARM_STEPS` Broyden steps
 #: (each skipped when below `WARM_RTOL` of the level it settles to or
-#: `WARM_ATOL` of the mode's level): two passes a record where the cold start
-#: takes four. Measured on the softmax head above: the third switch-on's
-#: shift -20.8% (cold, three steps: -20.75%), the second -1.6% (-1.2%); on
-#: 11 rows of `benchmarks/validity_calibration.py` every shift within 0.4
-#: points of the cold start's.
+#: `WARM_ATOL` of the mode's level): a forward pass and two forward and
+#: backward passes a record where the cold start takes four. Measured on the
+#: teacher sequences: the third switch-on's shift -20.8% (cold, three steps:
+#: -20.75%), the second -1.6% (-1.2%); over the 44 rows of
+#: `benchmarks/validity_calibration.py` the shifts moved by a median 0.003
+#: points and at most 1.1 (2026-12-06).
 WARM_STEPS = 1
 WARM_RTOL = 0.02
 WARM_ATOL = 1e-3
@@ -82,10 +83,12 @@ def settle(
     atol=0.0,
 ):
     r"""The levels `s` of the learned modes settled (see the module) from `s0`
-    (shape `(c,)`; a warm start, zero past `learned`) in `steps` Broyden steps,
-    and the real layer's loss gradient there: `(g, s)`, shapes `(p, m)` and
-    `(c,)`. One forward and backward pass of the real layer at $W(s_0)$
-    (unless `g0` gives it) and one per step.
+    (shape `(c,)`; a warm start, zero past `learned`) in at most `steps`
+    Broyden steps (one is not taken when it would move every level by at
+    most `rtol` of where it lands or `atol` of the mode's level), and the
+    real layer's loss gradient there: `(g, s)`, shapes `(p, m)` and `(c,)`.
+    One forward and backward pass of the real layer at $W(s_0)$ (unless `g0`
+    gives it) and one per step.
 
     `g_quad` the quadratic form's gradient at `W`; `lam`, `U` the eigenvalues
     (descending) and eigenvectors of $W W^\top$ of the `c` largest modes
