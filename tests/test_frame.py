@@ -1,4 +1,4 @@
-"""`_frame.carried_factors`: the weights of an M-space engine turned into the
+"""`_gap.carried_factors`: the weights of an M-space engine turned into the
 frame of units that gradient descent carries, against the flow integrated for
 the weights themselves."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import nqfjax
-from nqfjax.experiments._frame import carried_factors
+from nqfjax.experiments._gap import carried_factors
 from nqfjax.experiments.engines import FactoredMFlowEngine, MFlowEngine
 from nqfjax.tasks.sampled import task_from_samples
 

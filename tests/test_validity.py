@@ -527,13 +527,14 @@ def test_records_read_are_those_that_feed():
 def test_frame_carried_inside_the_loop_is_carried_factors():
     """`carry_frame=True` turns the weights into the units' frame inside the
     compiled loop that reads the gap (from record 0, sharing its $G$ and
-    flow): the expected shifts and departures equal those read at the weights
-    `_frame.carried_factors` gives (float64 roundoff), and differ from those
+    flow) and reads the feed at the turned weights: the expected shifts and
+    departures equal those read, without turning, at the weights
+    `_gap.carried_factors` gives (float64 roundoff), and differ from those
     read at $M^{1/2} O$ itself (so the frame is carried at all). Iris, a tanh
     perceptron of 16 units (> p = 7) from init 1e-3, the M-space flow."""
     from sklearn.datasets import load_iris
 
-    from nqfjax.experiments._frame import carried_factors
+    from nqfjax.experiments._gap import carried_factors
     from nqfjax.experiments.engines import MFlowEngine
     from nqfjax.tasks.sampled import task_from_samples
 

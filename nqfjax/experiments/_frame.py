@@ -1,5 +1,5 @@
 r"""The predicted weights in the frame of units that gradient descent
-carries (`carried_factors`).
+carries (`_gap.carried_factors`).
 
 An engine that integrates $M = W W^\top$ gives the weights at the records as
 $W(t) = M(t)^{1/2} O$ (`validity.factors_of`), the polar factor $O$ of the
@@ -21,14 +21,12 @@ flow between the two, $\Phi_i W_i$, $\Phi_i = e^{-2\eta (t_{i+1} - t_i) \bar
 G_i}$ (as `_shifts.carry_back`): $W_{i+1} = F_{i+1} Q$ with $F_{i+1}$ the engine's
 factor and $Q$ the orthogonal Procrustes rotation of $F_{i+1}^\top \Phi_i
 W_i$. $W W^\top = M$ at every record, as before; the first record is kept.
-`_gap.gradient_gap` carries the frame the same way (`nearest_factor`) inside
-its loop over the records that reads the gap.
+`_gap.gradient_gap` carries the frame (`nearest_factor`) inside its loop
+over the records that reads the gap; `_gap.carried_factors` gives the
+carried weights alone.
 """
 
-import equinox as eqx
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def nearest_factor(F, Y):
@@ -41,51 +39,3 @@ def nearest_factor(F, Y):
     U, S, _ = jnp.linalg.svd(F, full_matrices=False)
     A, _, Bt = jnp.linalg.svd(S[:, None] * (U.T @ Y), full_matrices=False)
     return U @ (S[:, None] * (A @ Bt))
-
-
-@eqx.filter_jit
-def _carry(structure, xs, ys, Ws, dts, learning_rate):
-    r"""`carried_factors` in one compiled pass: $G$ at each record (the
-    quadratic form's gradient is $2 G W$), the flow between records from their
-    mean, and the nearest factor of each record's $M$ (`nearest_factor`)."""
-    zero = jnp.zeros((structure.p, 1), Ws.dtype)
-    f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
-    n = xs.shape[0]
-
-    def generator(W):
-        residual = (f0 + structure.contract_factor(xs, W) - ys) / n
-        return structure.weighted_sum(xs, residual)
-
-    G = jax.lax.map(generator, Ws)
-    mu, V = jnp.linalg.eigh(0.5 * (G[1:] + G[:-1]))
-    grow = jnp.exp(jnp.minimum(-2.0 * learning_rate * dts[:, None] * mu, 600.0))
-    flow = jnp.einsum("rpi,ri,rqi->rpq", V, grow, V)
-
-    def step(W, piece):
-        flow, F = piece
-        W = nearest_factor(F, flow @ W)
-        return W, W
-
-    _, rest = jax.lax.scan(step, Ws[0], (flow, Ws[1:]))
-    return jnp.concatenate([Ws[:1], rest])
-
-
-def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray:
-    r"""The weights `factors` (shape `(R, p, m)`, at the increasing times `ts`)
-    turned, record by record, into the frame of units that the quadratic
-    form's flow carries from the first record (see the module). Float64 numpy,
-    shape `(R, p, m)`; `W W^T` unchanged."""
-    W = np.asarray(factors, np.float64)
-    if W.shape[0] < 2:
-        return W
-    xs = jnp.asarray(xs)
-    dts = jnp.asarray(np.diff(np.asarray(ts, np.float64)), xs.dtype)
-    out = _carry(
-        structure,
-        xs,
-        jnp.asarray(ys, xs.dtype),
-        jnp.asarray(W, xs.dtype),
-        dts,
-        jnp.asarray(learning_rate, xs.dtype),
-    )
-    return np.asarray(out, np.float64)

@@ -11,6 +11,7 @@ are those the gap reads, computed once.
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._frame import nearest_factor
 from ._settle import (
@@ -45,14 +46,16 @@ def gradient_gap(
     $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
     (`weighted_sum`); $G$; the eigenvalues (ascending) and eigenvectors of
     $W W^\top$ and of $\bar G_i = (G_{i-1} + G_i)/2$ (`_shifts.flow`); and the
-    weights read. Zero outside the range.
+    weights (at every record visited: with `carry`, from record 0). Zero
+    outside the range.
 
     With `learned` (shape `(R,)`, traced: how many of the `num_modes` largest
     modes are learned at each record), $\delta g$ is read with the learned
     modes' levels settled where the real layer holds them (`_settle.settle`,
     from the levels settled at the record before). With `carry` (and the
     records' times `ts`, shape `(R,)`, and `learning_rate`), the weights are
-    those of `_frame.carried_factors`, from record 0. One forward and backward
+    first turned, from record 0, into the frame that the quadratic form's
+    flow carries (`_frame`; `carried_factors`). One forward and backward
     pass of the real layer per record read, and about one more forward and
     two more passes where a mode is learned."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
@@ -60,9 +63,9 @@ def gradient_gap(
     n, (R, p, m) = xs.shape[0], Ws.shape
     c = min(num_modes, p, m)
 
-    def measure(i, W, G, lam, U, s_prev):
-        quad = structure.contract_factor(xs, W)
+    def measure(i, W, quad, G, s_prev):
         g_quad = 2.0 * G @ W
+        lam, U = jnp.linalg.eigh(W @ W.T)
         if c > 0:  # the largest modes, by rank, settled from the last record's
             top = (lam[::-1][:c], U[:, ::-1][:, :c])
 
@@ -81,32 +84,32 @@ def gradient_gap(
             s = s_prev
         delta = f - f0 - quad
         norms = (jnp.sqrt(jnp.sum(delta**2)), jnp.sqrt(jnp.sum(quad**2)))
-        return norms, g_real - g_quad, g_quad, s
+        return (*norms, g_real - g_quad, g_quad, lam, U), s
+
+    def skip(W, s_prev):
+        scalar = jnp.zeros((), W.dtype)
+        zeros = (scalar, scalar, jnp.zeros_like(W), jnp.zeros_like(W))
+        return (*zeros, jnp.zeros(p, W.dtype), jnp.zeros((p, p), W.dtype)), s_prev
 
     def body(i, state):
         out, G_prev, W_prev, s_prev = state
         W = Ws[i]
-        # d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP to compile;
-        # G depends on W only through W W^T: the same in any frame
-        residual = f0 + structure.contract_factor(xs, W) - ys
-        G = structure.weighted_sum(xs, residual / n)
+        # the quadratic part and G depend on W only through W W^T: the same in
+        # any frame; d Tr[W W^T A] / dW = 2 A W (A symmetric): no second VJP
+        quad = structure.contract_factor(xs, W)
+        G = structure.weighted_sum(xs, (f0 + quad - ys) / n)
         mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
         if carry:  # the flow from the record before carries its weights here
             step = -2.0 * learning_rate * (ts[i] - ts[i - 1]) * mu
             flow = (V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T
             W = jnp.where(i > 0, nearest_factor(W, flow @ W_prev), W)
-        lam, U = jnp.linalg.eigh(W @ W.T)
-
-        def skip():
-            zeros = jnp.zeros((), W.dtype), jnp.zeros((), W.dtype)
-            return zeros, jnp.zeros_like(W), jnp.zeros_like(W), s_prev
-
-        norms, gap, g_quad, s = jax.lax.cond(
-            i >= start, lambda: measure(i, W, G, lam, U, s_prev), skip
+        read = i >= start
+        (delta, quad, gap, g_quad, lam, U), s = jax.lax.cond(
+            read, lambda: measure(i, W, quad, G, s_prev), lambda: skip(W, s_prev)
         )
-        now = (*norms, gap, g_quad, G, lam, U, mu, V, W)
-        # outside the range read, nothing is kept
-        now = tuple(jnp.where(i >= start, a, jnp.zeros_like(a)) for a in now)
+        # outside the range read, nothing but the weights is kept
+        G_, mu_, V_ = (jnp.where(read, a, jnp.zeros_like(a)) for a in (G, mu, V))
+        now = (delta, quad, gap, g_quad, G_, lam, U, mu_, V_, W)
         return tuple(o.at[i].set(a) for o, a in zip(out, now)), G, W, s
 
     shapes = ((), (), (p, m), (p, m), (p, p), (p,), (p, p), (p,), (p, p), (p, m))
@@ -115,3 +118,30 @@ def gradient_gap(
     state = (out, G0, Ws[0], jnp.zeros(c, Ws.dtype))
     first = 0 if carry else start
     return jax.lax.fori_loop(first, stop, body, state)[0]
+
+
+def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray:
+    r"""The weights `factors` (shape `(R, p, m)`, at the increasing times `ts`)
+    turned, record by record, into the frame of units that the quadratic
+    form's flow carries from the first record (`_frame`): `gradient_gap`'s
+    carried weights, no record read. Float64 numpy, shape `(R, p, m)`;
+    `W W^T` unchanged."""
+    W = np.asarray(factors, np.float64)
+    R = W.shape[0]
+    if R < 2:
+        return W
+    xs = jnp.asarray(xs)
+    as_x = lambda a: jnp.asarray(a, xs.dtype)  # noqa: E731
+    none = np.int64(R)  # no record read: start = stop
+    out = gradient_gap(
+        structure,
+        xs,
+        as_x(ys),
+        as_x(W),
+        none,
+        none,
+        ts=as_x(np.asarray(ts, np.float64)),
+        learning_rate=as_x(learning_rate),
+        carry=True,
+    )
+    return np.asarray(out[-1], np.float64)

@@ -319,7 +319,7 @@ def leading_order_validity(
       own (`validity_of_run`).
     - `carry_frame`: with `ys`, first turn the weights, record by record from
       the first, into the frame of units that the quadratic form's flow
-      carries (`_frame.carried_factors`; for the weights $M^{1/2} O$ of an
+      carries (`_gap.carried_factors`; for the weights $M^{1/2} O$ of an
       engine that integrates $M$: `predict`).
 
     **Returns:** a `Validity`.
