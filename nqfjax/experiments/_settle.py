@@ -23,21 +23,17 @@ the predicted weights (zero on a plateau; during a switch-on the quadratic
 form's own pace is kept). Broyden's method solves it from the quadratic
 form's curvature of the levels,
 $H_{ab} = \frac1n \sum_x \sum_j \mathrm{Tr}[A_j(x) u_a u_a^\top]\,
-\mathrm{Tr}[A_j(x) u_b u_b^\top]$ (`mode_gram`), in `SETTLE_STEPS` steps of
-one forward and backward pass of the real layer each (`settled_gradient`);
-along a trajectory, from the levels settled at the record before, in at most
-`WARM_STEPS` (`settle`).
+\mathrm{Tr}[A_j(x) u_b u_b^\top]$ (`mode_gram`), in steps of one forward and
+backward pass of the real layer each (`settle`). From zero, on the softmax head
+of teacher logits of order one (the largest settling measured, its levels up
+by 0.85 and 0.51), the third switch-on's expected shift after 1, 2, 3, 5 and 8
+steps is -9.1%, -19.8%, -20.8%, -20.9%, -20.9% (measured: -19.5%); along a
+trajectory the levels start from those settled at the record before.
 """
 
 import jax
 import jax.numpy as jnp
 
-
-#: Broyden steps of the settled levels: on the softmax head of teacher logits
-#: of order one (the largest settling measured, its levels up by 0.85 and
-#: 0.51), the third switch-on's expected shift after 1, 2, 3, 5 and 8 steps:
-#: -9.1%, -19.8%, -20.8%, -20.9%, -20.9% (measured: -19.5%).
-SETTLE_STEPS = 3
 
 #: Along a trajectory (`_gap.gradient_gap`) the levels start from those
 #: settled at the record before, and take at most `WARM_STEPS` Broyden steps
@@ -92,7 +88,7 @@ def settle(
 
     `g_quad` the quadratic form's gradient at `W`; `lam`, `U` the eigenvalues
     (descending) and eigenvectors of $W W^\top$ of the `c` largest modes
-    (shapes `(c,)`, `(p, c)`); `learned` (traced, > 0) how many of them are
+    (shapes `(c,)`, `(p, c)`); `learned` (traced; 0: nothing moves) how many of them are
     learned.
     """
     c = lam.shape[0]
@@ -144,22 +140,3 @@ def settle(
     start = (s0, g0, F0, J, jnp.zeros((), jnp.int32), newton(F0, J))
     s, g, *_ = jax.lax.while_loop(going, step, start)
     return g, s
-
-
-def settled_gradient(structure, xs, ys, W, g_real, g_quad, lam, U, learned):
-    r"""The real layer's loss gradient at $W(s)$, the learned levels settled
-    from zero in `SETTLE_STEPS` steps (`settle`), shape `(p, m)`: `g_real`
-    (the real layer's gradient at `W`) itself where `learned` is 0.
-
-    `g_quad` the quadratic form's gradient at `W`; `lam`, `U` the eigenvalues
-    (descending) and eigenvectors of $W W^\top$ of the `c` largest modes
-    (shapes `(c,)`, `(p, c)`); `learned` (traced) how many of them are
-    learned.
-    """
-    zero = jnp.zeros(lam.shape, W.dtype)
-
-    def settled():
-        args = (g_quad, lam, U, learned, zero, SETTLE_STEPS, g_real)
-        return settle(structure, xs, ys, W, *args)[0]
-
-    return jax.lax.cond(learned > 0, settled, lambda: g_real)
