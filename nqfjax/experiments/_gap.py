@@ -23,14 +23,6 @@ from ._settle import (
 )
 
 
-def read_records(start, stop, stride) -> np.ndarray:
-    """The records `gradient_gap` reads: every `stride`-th from `start`, and
-    the last, `stop - 1`."""
-    if stop <= start:
-        return np.zeros(0, np.int64)
-    return np.union1d(np.arange(start, stop, stride), [stop - 1])
-
-
 @eqx.filter_jit
 def gradient_gap(
     structure,
@@ -45,38 +37,34 @@ def gradient_gap(
     learning_rate=None,
     carry=False,
     first=None,
-    stride=1,
 ):
-    r"""At the records read of `Ws` (shape `(R, p, m)`; `read_records`: every
-    `stride`-th of `start <= i < stop` and the last; all three traced, so one
-    compilation serves every range): the norms of the real layer's departure
-    and of its quadratic part (as `validity._departures`); the real layer's
-    loss gradient less its quadratic form's, $\delta g$, and the quadratic
-    form's, shapes `(R, p, m)`, for the loss $\frac{1}{2n}\sum_x |f(x) -
-    y|^2$, the quadratic form's in closed form $2 G W$, $G = \frac{1}{n}\sum_x
-    (f_{\rm quad}(x) - y) A(x)$ (`weighted_sum`); $G$; the eigenvalues
-    (ascending) and eigenvectors of $W W^\top$; with the records' times `ts`
-    (shape `(R,)`) and `learning_rate`, the quadratic form's flow of a small
-    mode from the record read before, $\Phi = \prod_i e^{-2\eta (t_{i+1} -
-    t_i) \bar G_i}$ over every record between, $\bar G_i = (G_i +
-    G_{i+1})/2$ (as `_shifts.flow`); and the weights. Zero at the records
-    not read.
+    r"""At the records `start <= i < stop` of `Ws` (shape `(R, p, m)`; both
+    traced, so one compilation serves every range): the norms of the real
+    layer's departure and of its quadratic part (as `validity._departures`);
+    the real layer's loss gradient less its quadratic form's, $\delta g$, and
+    the quadratic form's, shapes `(R, p, m)`, for the loss
+    $\frac{1}{2n}\sum_x |f(x) - y|^2$, the quadratic form's in closed form
+    $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
+    (`weighted_sum`); $G$; the eigenvalues (ascending) and eigenvectors of
+    $W W^\top$; with the records' times `ts` (shape `(R,)`) and
+    `learning_rate`, the quadratic form's flow of a small mode from the
+    record before, $e^{-2\eta (t_i - t_{i-1}) \bar G_i}$, $\bar G_i =
+    (G_{i-1} + G_i)/2$ (as `_shifts.flow`); and the weights. Zero outside
+    the range.
 
     With `learned` (shape `(R,)`, traced: how many of the `num_modes` largest
     modes are learned at each record), $\delta g$ is read with the learned
     modes' levels settled where the real layer holds them (`_settle.settle`,
-    from the levels settled at the record read before). With `carry`, the
-    weights are first turned, from record 0, into the frame that the
-    quadratic form's flow carries (`_frame`; `carried_factors`): visiting
-    every record from `first` (traced; default `start`) and turned at those
-    read and at those before `start` (for `carried_factors`: `start = R`),
-    by the flow since the record turned before; from record 0 to `first` in
-    one step of the flow, $\bar G$ the mean of $G$ at both ends (before the
-    records read the weights are small or the time short: `validity`'s
-    `estimated_records`, so $G$ is all but constant). One forward and
+    from the levels settled at the record before). With `carry`, the weights
+    are first turned, from record 0, into the frame that the quadratic
+    form's flow carries (`_frame`; `carried_factors`), record by record from
+    `first` (traced; default `start`; `carried_factors`: 0, with `start =
+    R`), and from record 0 to `first` in one step of the flow, $\bar G$ the
+    mean of $G$ at both ends (before the records read the weights are small
+    or the time short: `validity`'s `estimated_records`, so $G$ is all but
+    constant; measured: the shifts move by about 1e-5). One forward and
     backward pass of the real layer per record read, and about one more
-    forward and two more passes where a mode is learned; $G$ and the flow at
-    every record visited."""
+    forward and two more passes where a mode is learned."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n, (R, p, m) = xs.shape[0], Ws.shape
@@ -120,37 +108,33 @@ def gradient_gap(
     eye = jnp.eye(p, dtype=Ws.dtype)
 
     def body(i, state):
-        out, G_prev, W_prev, t_prev, Phi, s_prev = state
+        out, G_prev, W_prev, t_prev, s_prev = state
         W = Ws[i]
         quad, G = quad_and_G(W)
-        read = (i >= start) & (((i - start) % stride == 0) | (i == stop - 1))
-        if timed:  # the flow since the record turned or read before
+        flow = eye
+        if timed:  # the flow from the record visited before
             mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
             step = -2.0 * learning_rate * (ts[i] - t_prev) * mu
-            Phi = ((V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T) @ Phi
+            flow = (V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T
             t_prev = ts[i]
-        if carry:  # that flow carries the weights turned before here
-            turn = (i > 0) & (read | (i < start))
-            W = jax.lax.cond(turn, lambda: nearest_factor(W, Phi @ W_prev), lambda: W)
-            W_prev = jnp.where(turn, W, W_prev)
+        if carry:  # which carries the weights turned there here
+            W = jnp.where(i > 0, nearest_factor(W, flow @ W_prev), W)
+        read = i >= start
         (delta, quad, gap, g_quad, lam, U), s = jax.lax.cond(
             read, lambda: measure(i, W, quad, G, s_prev), lambda: skip(W, s_prev)
         )
-        kept = read | (carry & (i < start))
-        # at a record not read, nothing but the weights turned is kept
-        now = (delta, quad, gap, g_quad, G, lam, U, Phi, W)
-        now = tuple(jnp.where(kept if a is W else read, a, 0.0) for a in now)
-        Phi = jnp.where(kept, eye, Phi)
+        # outside the range read, nothing but the weights is kept
+        now = (delta, quad, gap, g_quad, G, lam, U, flow)
+        now = tuple(jnp.where(read, a, 0.0) for a in now) + (W,)
         out = tuple(o.at[i].set(a) for o, a in zip(out, now))
-        return out, G, W_prev, t_prev, Phi, s
+        return out, G, W, t_prev, s
 
     shapes = ((), (), (p, m), (p, m), (p, p), (p,), (p, p), (p, p), (p, m))
     out = tuple(jnp.zeros((R, *s), Ws.dtype) for s in shapes)
     first = start if first is None else first
     # the record before the first visited, for the flow: record 0
     t0 = ts[0] if timed else jnp.zeros((), Ws.dtype)
-    G0 = quad_and_G(Ws[0])[1]
-    state = (out, G0, Ws[0], t0, eye, jnp.zeros(c, Ws.dtype))
+    state = (out, quad_and_G(Ws[0])[1], Ws[0], t0, jnp.zeros(c, Ws.dtype))
     return jax.lax.fori_loop(first, stop, body, state)[0]
 
 

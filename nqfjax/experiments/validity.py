@@ -54,7 +54,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import eager_only
 from ..engines.train import TrainResult
 from ..structures.base import AbstractStructure, check_batch
-from ._gap import gradient_gap, read_records
+from ._gap import gradient_gap
 from ._modes import learned_count
 from ._shifts import modes_and_flow, shifts
 from .switch_ons import rank_switch_ons
@@ -166,15 +166,6 @@ _BLOCK = 8
 #: The trajectory whose records the expected shifts read is padded to a
 #: multiple of this (`_gap.gradient_gap` runs only on the records read).
 _RECORDS = 32
-
-#: The expected shifts read the gap at every `READ_STRIDE`-th record of those
-#: they need (`estimated_records`) and at the last; the flow between them is
-#: composed from every record's. Over the 44 rows of
-#: `benchmarks/validity_calibration.py` (2026-12-06), every other record
-#: against every one: the verdict x0.62 as long, flags unchanged, Spearman
-#: 0.969 -> 0.962, shifts moved by a median 0.2 points (at most 2.2); every
-#: third: a row's shift 42 points off, Spearman 0.943 (docs: "cost").
-READ_STRIDE = 2
 
 
 def _departures_by_blocks(structure, xs, Ws) -> tuple[np.ndarray, np.ndarray]:
@@ -449,13 +440,11 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled,
         times_padded,
         np.asarray(learning_rate, xs.dtype),
         carry,
-        stride=np.int64(READ_STRIDE),
     )
-    read = read_records(kept.start, kept.stop, READ_STRIDE)
     delta, quad, gap, grad, _, lam, U, flows, W = (
-        np.asarray(a, np.float64)[read] for a in measured
+        np.asarray(a, np.float64)[kept] for a in measured
     )
-    ts = ts[read]
+    ts = ts[kept]
     shift = shifts(ts, W, gap, grad, learning_rate, times, lam, U, flows[1:])
     return ts, delta, quad, shift
 
