@@ -186,6 +186,25 @@ def test_warm_start_along_a_trajectory():
         assert np.linalg.norm(warm(0.0) - expect) > 0.3 * change
 
 
+def _perceptron_case(seed):
+    """A tanh perceptron (d = 4, k = 2) on 300 Gaussian inputs, float64:
+    `(structure, xs, layer, f0, weights)`, `weights(levels)` the weights whose
+    `W W^T` has those eigenvalues in a random basis, over random units."""
+    rng = np.random.default_rng(seed)
+    structure = nqfjax.Perceptron(d=4, k=2)
+    p = structure.p
+    xs = jnp.asarray(rng.standard_normal((300, 4)))
+    basis = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    units = np.linalg.qr(rng.standard_normal((p, p)))[0]
+    layer = jax.vmap(structure.layer, in_axes=(None, 0))
+    f0 = layer(jnp.zeros((p, 1)), xs)
+
+    def weights(levels):
+        return jnp.asarray(basis @ np.diag(np.sqrt(levels)) @ units)
+
+    return structure, xs, layer, f0, weights
+
+
 @pytest.mark.parametrize("growing", [True, False])
 def test_level_curvature_is_the_drives_derivative(growing):
     """`level_curvature` against central finite differences (step 1e-4 of the
@@ -196,17 +215,8 @@ def test_level_curvature_is_the_drives_derivative(growing):
     couplings alone off by more than half); at their plateau the couplings
     are (1e-6: float64 roundoff of a drive near zero)."""
     with jax.enable_x64(True):
-        rng = np.random.default_rng(1)
-        structure = nqfjax.Perceptron(d=4, k=2)
-        p, n = structure.p, 300
-        xs = jnp.asarray(rng.standard_normal((n, 4)))
-        basis = np.linalg.qr(rng.standard_normal((p, p)))[0]
-        units = np.linalg.qr(rng.standard_normal((p, 8)))[0].T[:p]
-        f0 = jax.vmap(structure.layer, in_axes=(None, 0))(jnp.zeros((p, 1)), xs)
-
-        def weights(levels):
-            return jnp.asarray(basis @ np.diag(np.sqrt(levels)) @ units)
-
+        structure, xs, _, f0, weights = _perceptron_case(1)
+        p, n = structure.p, xs.shape[0]
         top = np.array([0.5, 0.3])
         teacher = weights(np.concatenate([top, np.full(p - 2, 1e-8)]))
         ys = f0 + structure.contract_factor(xs, teacher)  # the quadratic form's
@@ -257,18 +267,8 @@ def test_warm_start_follows_a_growing_mode():
     from nqfjax.experiments._settle import WARM_ATOL, WARM_RTOL, WARM_STEPS
 
     with jax.enable_x64(True):
-        rng = np.random.default_rng(2)
-        structure = nqfjax.Perceptron(d=4, k=2)
-        p, n = structure.p, 300
-        xs = jnp.asarray(rng.standard_normal((n, 4)))
-        basis = np.linalg.qr(rng.standard_normal((p, p)))[0]
-        units = np.linalg.qr(rng.standard_normal((p, p)))[0]
-        layer = jax.vmap(structure.layer, in_axes=(None, 0))
-        f0 = layer(jnp.zeros((p, 1)), xs)
-
-        def weights(levels):
-            return jnp.asarray(basis @ np.diag(np.sqrt(levels)) @ units)
-
+        structure, xs, layer, f0, weights = _perceptron_case(2)
+        p, n = structure.p, xs.shape[0]
         ys = layer(weights(np.array([0.5, 0.3] + [1e-8] * (p - 2))), xs)
         s = jnp.zeros(2)
         for level in np.geomspace(1e-3, 0.3, 25):
