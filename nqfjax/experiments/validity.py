@@ -107,7 +107,11 @@ class Validity(eqx.Module):
       targets were not given.
     - `expected_shift`: $\epsilon_k$ (see the module), the expected relative
       error of those switch-on times, signed (> 0: the real network later),
-      shape `(c,)`; NaN for a rank that does not switch on.
+      shape `(c,)`; NaN for a rank that does not switch on. A first-order
+      estimate: at tens of percent only its order of magnitude holds, and
+      past the switch-on where the leading order breaks (`breaks_at`) the
+      later ones can be far beyond 100% (`Conv1D` at init `1e-6`, fourth
+      switch-on: -2000%): those switch-ons are not predicted at all.
 
     With expected shifts, `tolerance` bounds $|\epsilon_k|$ and `breaks_at` is
     the first switch-on whose $|\epsilon_k|$ exceeds it; without, it bounds the
