@@ -123,9 +123,10 @@ def gradient_gap(
         (delta, quad, gap, g_quad, lam, U), s = jax.lax.cond(
             read, lambda: measure(i, W, quad, G, s_prev), lambda: skip(W, s_prev)
         )
-        # outside the range read, nothing but the weights is kept
-        now = (delta, quad, gap, g_quad, G, lam, U, flow)
-        now = tuple(jnp.where(read, a, 0.0) for a in now) + (W,)
+        # outside the range read, nothing but the weights is kept (`skip`
+        # gives zeros for the rest of what is measured)
+        G_, flow_ = (jnp.where(read, a, 0.0) for a in (G, flow))
+        now = (delta, quad, gap, g_quad, G_, lam, U, flow_, W)
         out = tuple(o.at[i].set(a) for o, a in zip(out, now))
         return out, G, W, t_prev, s
 

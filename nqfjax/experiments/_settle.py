@@ -31,10 +31,10 @@ grows), in steps of one forward and backward pass of the real layer each
 (`settle`), none moving a level by more than `TRUST` of it. From zero, on
 the softmax head of teacher logits of order one (the largest settling
 measured, its levels up by 0.85 and 0.51), the third switch-on's expected
-shift after 1, 2, 3, 5 and 8
-steps is -9.1%, -19.8%, -20.8%, -20.9%, -20.9% (measured: -19.5%; with the
-couplings alone as the curvature, which is all of it at a plateau); along a
-trajectory the levels start from those settled at the record before.
+shift after 1, 2, 3, 5 and 8 steps is -9.1%, -19.8%, -20.8%, -20.9%, -20.9%
+(measured: -19.5%; with the couplings alone as the curvature, which is all
+of it at a plateau); along a trajectory the levels start from those settled
+at the record before.
 """
 
 import jax
@@ -51,14 +51,14 @@ import jax.numpy as jnp
 #: `benchmarks/validity_calibration.py` the shifts moved by a median 0.003
 #: points and at most 1.1 (2026-12-06).
 WARM_STEPS = 1
+WARM_RTOL = 0.02
+WARM_ATOL = 1e-3
 
 #: No Broyden step moves a level by more than this fraction of the mode's own
 #: level (a trust region: the levels' linearisation $M(s) \approx M + \sum_a
 #: s_a u_a u_a^\top$ holds for $|s_a| \ll \lambda_a$, and where the curvature
 #: of the levels vanishes the step is not determined).
 TRUST = 0.5
-WARM_RTOL = 0.02
-WARM_ATOL = 1e-3
 
 
 def real_output_and_gradient(structure, xs, ys, W):
