@@ -31,11 +31,13 @@ import jax.numpy as jnp
 
 def nearest_factor(F, Y):
     r"""The factor of $F F^\top$ nearest `Y` (Frobenius), $F Q$ with $Q$ the
-    orthogonal Procrustes rotation of $F^\top Y$; `F`, `Y` of shape `(p, m)`.
-    By thin SVDs only ($F = U S V^\top$: $F Q$ depends on $Q$ only through
+    orthogonal Procrustes rotation of $F^\top Y$; `F`, `Y` of shape `(p, m)`;
+    and the thin SVD's $U$, $S$ of $F = U S V^\top$ (so $F F^\top = U S^2
+    U^\top$; shapes `(p, r)`, `(r,)`, $r = \min(p, m)$, $S$ descending):
+    `(F Q, U, S)`. By thin SVDs only ($F Q$ depends on $Q$ only through
     $P = V^\top Q$, and the $P$ nearest is the polar factor of
     $S U^\top Y$; an `(m, m)` SVD of rank `p` is slow on its zero singular
     values)."""
     U, S, _ = jnp.linalg.svd(F, full_matrices=False)
     A, _, Bt = jnp.linalg.svd(S[:, None] * (U.T @ Y), full_matrices=False)
-    return U @ (S[:, None] * (A @ Bt))
+    return U @ (S[:, None] * (A @ Bt)), U, S

@@ -14,13 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._frame import nearest_factor
-from ._settle import (
-    WARM_ATOL,
-    WARM_RTOL,
-    WARM_STEPS,
-    real_output_and_gradient,
-    settle,
-)
+from ._settle import WARM_STEPS, level_weights, real_output_and_gradient, settle
 
 
 @eqx.filter_jit
@@ -54,39 +48,40 @@ def gradient_gap(
 
     With `learned` (shape `(R,)`, traced: how many of the `num_modes` largest
     modes are learned at each record), $\delta g$ is read with the learned
-    modes' levels settled where the real layer holds them (`_settle.settle`,
-    from the levels settled at the record before). With `carry`, the weights
-    are first turned, from record 0, into the frame that the quadratic
-    form's flow carries (`_frame`; `carried_factors`), record by record from
+    modes' levels settled where the real layer holds them (`_settle.settle`:
+    at the levels of the Newton step taken at the record before). With
+    `carry`, the weights are first turned, from record 0, into the frame that
+    the quadratic form's flow carries (`_frame`; `carried_factors`; $W
+    W^\top$'s modes then from the same SVD), record by record from
     `first` (traced; default `start`; `carried_factors`: 0, with `start =
     R`), and from record 0 to `first` in one step of the flow, $\bar G$ the
     mean of $G$ at both ends (before the records read the weights are small
     or the time short: `validity`'s `estimated_records`, so $G$ is all but
     constant; measured on iris: the shifts move by 4e-8). One forward and
-    backward pass of the real layer per record read, and about one more
-    forward and two more passes where a mode is learned."""
+    backward pass of the real layer per record read, and one more forward
+    pass where a mode is learned."""
     zero = jnp.zeros((structure.p, 1), Ws.dtype)
     f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
     n, (R, p, m) = xs.shape[0], Ws.shape
     c = min(num_modes, p, m)
     timed = ts is not None
+    tiny = jnp.finfo(Ws.dtype).tiny
 
-    def measure(i, W, quad, G, s_prev):
+    def forward(W):
+        return jax.vmap(lambda x: structure.layer(W, x))(xs)
+
+    def measure(i, W, quad, G, s_prev, modes):
         g_quad = 2.0 * G @ W
-        lam, U = jnp.linalg.eigh(W @ W.T)
-        if c > 0:  # the largest modes, by rank, settled from the last record's
-            top = (lam[::-1][:c], U[:, ::-1][:, :c])
-
-            def settled():
-                f = jax.vmap(lambda x: structure.layer(W, x))(xs)
-                args = (g_quad, *top, learned[i], s_prev, WARM_STEPS)
-                tol = dict(rtol=WARM_RTOL, atol=WARM_ATOL)
-                return f, *settle(structure, xs, ys, W, *args, **tol)
-
-            def plain():
-                return *real_output_and_gradient(structure, xs, ys, W), 0.0 * s_prev
-
-            f, g_real, s = jax.lax.cond(learned[i] > 0, settled, plain)
+        lam, U = jnp.linalg.eigh(W @ W.T) if modes is None else modes
+        if c > 0:  # the largest modes, by rank, at the levels the record
+            # before's step gives (`_settle.WARM_STEPS`)
+            top = (jnp.maximum(lam[::-1][:c], tiny), U[:, ::-1][:, :c])
+            s0 = jnp.where(jnp.arange(c) < learned[i], s_prev, 0.0)
+            moved = level_weights(W, *top, s0)  # W itself while none is learned
+            f, g0 = real_output_and_gradient(structure, xs, ys, moved)
+            f = jax.lax.cond(learned[i] > 0, lambda: forward(W), lambda: f)
+            args = (g_quad, *top, learned[i], s0, WARM_STEPS, g0)
+            g_real, _, s = settle(structure, xs, ys, W, *args)
         else:
             f, g_real = real_output_and_gradient(structure, xs, ys, W)
             s = s_prev
@@ -117,11 +112,17 @@ def gradient_gap(
             step = -2.0 * learning_rate * (ts[i] - t_prev) * mu
             flow = (V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T
             t_prev = ts[i]
+        modes = None
         if carry:  # which carries the weights turned there here
-            W = jnp.where(i > 0, nearest_factor(W, flow @ W_prev), W)
+            near, U, S = nearest_factor(W, flow @ W_prev)
+            W = jnp.where(i > 0, near, W)
+            if m >= p:  # W W^T's modes from the same SVD, ascending as eigh's
+                modes = (S[::-1] ** 2, U[:, ::-1])
         read = i >= start
         (delta, quad, gap, g_quad, lam, U), s = jax.lax.cond(
-            read, lambda: measure(i, W, quad, G, s_prev), lambda: skip(W, s_prev)
+            read,
+            lambda: measure(i, W, quad, G, s_prev, modes),
+            lambda: skip(W, s_prev),
         )
         # outside the range read, nothing but the weights is kept (`skip`
         # gives zeros for the rest of what is measured)
