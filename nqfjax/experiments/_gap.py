@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._frame import nearest_factor
-from ._settle import WARM_STEPS, level_weights, real_output_and_gradient, settle
+from ._settle import level_weights, real_output_and_gradient, settle
 
 
 @eqx.filter_jit
@@ -48,8 +48,8 @@ def gradient_gap(
 
     With `learned` (shape `(R,)`, traced: how many of the `num_modes` largest
     modes are learned at each record), $\delta g$ is read with the learned
-    modes' levels settled where the real layer holds them (`_settle.settle`:
-    at the levels of the Newton step taken at the record before). With
+    modes' levels settled where the real layer holds them (`_settle`: at
+    the levels of the Newton step taken at the record before). With
     `carry`, the weights are first turned, from record 0, into the frame that
     the quadratic form's flow carries (`_frame`; `carried_factors`; $W
     W^\top$'s modes then from the same SVD), record by record from
@@ -73,15 +73,15 @@ def gradient_gap(
     def measure(i, W, quad, G, s_prev, modes):
         g_quad = 2.0 * G @ W
         lam, U = jnp.linalg.eigh(W @ W.T) if modes is None else modes
-        if c > 0:  # the largest modes, by rank, at the levels the record
-            # before's step gives (`_settle.WARM_STEPS`)
+        if c > 0:  # the largest modes, by rank, at the levels of the step
+            # taken at the record before; this record's step for the next
             top = (jnp.maximum(lam[::-1][:c], tiny), U[:, ::-1][:, :c])
             s0 = jnp.where(jnp.arange(c) < learned[i], s_prev, 0.0)
             moved = level_weights(W, *top, s0)  # W itself while none is learned
             f, g0 = real_output_and_gradient(structure, xs, ys, moved)
             f = jax.lax.cond(learned[i] > 0, lambda: forward(W), lambda: f)
-            args = (g_quad, *top, learned[i], s0, WARM_STEPS, g0)
-            g_real, _, s = settle(structure, xs, ys, W, *args)
+            args = (g_quad, *top, learned[i], s0, g0)
+            g_real, s = settle(structure, xs, ys, W, *args)
         else:
             f, g_real = real_output_and_gradient(structure, xs, ys, W)
             s = s_prev
