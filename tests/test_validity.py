@@ -447,8 +447,7 @@ def test_gradient_gap_on_a_range_of_records():
     ys = rng.standard_normal((30, 2))
     Ws = 0.3 * rng.standard_normal((11, structure.p, structure.p))
     ts, eta = np.cumsum(np.random.default_rng(6).uniform(0.5, 2.0, 11)), 0.3
-    args = (structure, xs, ys, Ws, 3, 9)
-    got = [np.asarray(a) for a in gradient_gap(*args, ts=ts, learning_rate=eta)]
+    got = [np.asarray(a) for a in gradient_gap(structure, xs, ys, Ws, ts, eta, 3, 9)]
     delta, quad, gap, grad, G, lam, U, flow, weights = got
     layer = jax.vmap(structure.layer, in_axes=(None, 0))
     f0 = layer(jnp.zeros((structure.p, 1)), xs)

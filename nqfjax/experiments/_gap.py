@@ -23,12 +23,12 @@ def gradient_gap(
     xs,
     ys,
     Ws,
+    ts,
+    learning_rate,
     start,
     stop,
     learned=None,
     num_modes=0,
-    ts=None,
-    learning_rate=None,
     carry=False,
     first=None,
 ):
@@ -41,7 +41,7 @@ def gradient_gap(
     $2 G W$, $G = \frac{1}{n}\sum_x (f_{\rm quad}(x) - y) A(x)$
     (`weighted_sum`); $G$; the eigenvalues (ascending) and eigenvectors of
     $W W^\top$; with the records' times `ts` (shape `(R,)`) and
-    `learning_rate`, the quadratic form's flow of a small mode from the
+    `learning_rate` $\eta$, the quadratic form's flow of a small mode from the
     record before, $e^{-2\eta (t_i - t_{i-1}) \bar G_i}$, $\bar G_i =
     (G_{i-1} + G_i)/2$ (as `_shifts.flow`); and the weights. Zero outside
     the range.
@@ -60,22 +60,20 @@ def gradient_gap(
     constant; measured on iris: the shifts move by 4e-8). One forward and
     backward pass of the real layer per record read, and one more forward
     pass where a mode is learned."""
-    zero = jnp.zeros((structure.p, 1), Ws.dtype)
-    f0 = jax.vmap(lambda x: structure.layer(zero, x))(xs)
-    n, (R, p, m) = xs.shape[0], Ws.shape
-    c = min(num_modes, p, m)
-    timed = ts is not None
-    tiny = jnp.finfo(Ws.dtype).tiny
 
     def forward(W):
         return jax.vmap(lambda x: structure.layer(W, x))(xs)
+
+    f0 = forward(jnp.zeros((structure.p, 1), Ws.dtype))
+    n, (R, p, m) = xs.shape[0], Ws.shape
+    c = min(num_modes, p, m)
 
     def measure(i, W, quad, G, s_prev, modes):
         g_quad = 2.0 * G @ W
         lam, U = jnp.linalg.eigh(W @ W.T) if modes is None else modes
         if c > 0:  # the largest modes, by rank, at the levels of the step
             # taken at the record before; this record's step for the next
-            top = (jnp.maximum(lam[::-1][:c], tiny), U[:, ::-1][:, :c])
+            top = (lam[::-1][:c], U[:, ::-1][:, :c])
             s0 = jnp.where(jnp.arange(c) < learned[i], s_prev, 0.0)
             moved = level_weights(W, *top, s0)  # W itself while none is learned
             f, g0 = real_output_and_gradient(structure, xs, ys, moved)
@@ -100,18 +98,14 @@ def gradient_gap(
         quad = structure.contract_factor(xs, W)
         return quad, structure.weighted_sum(xs, (f0 + quad - ys) / n)
 
-    eye = jnp.eye(p, dtype=Ws.dtype)
-
     def body(i, state):
         out, G_prev, W_prev, t_prev, s_prev = state
         W = Ws[i]
         quad, G = quad_and_G(W)
-        flow = eye
-        if timed:  # the flow from the record visited before
-            mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
-            step = -2.0 * learning_rate * (ts[i] - t_prev) * mu
-            flow = (V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T
-            t_prev = ts[i]
+        # the flow from the record visited before
+        mu, V = jnp.linalg.eigh(0.5 * (G + G_prev))
+        step = -2.0 * learning_rate * (ts[i] - t_prev) * mu
+        flow = (V * jnp.exp(jnp.minimum(step, 600.0))[None, :]) @ V.T
         modes = None
         if carry:  # which carries the weights turned there here
             near, U, S = nearest_factor(W, flow @ W_prev)
@@ -129,14 +123,13 @@ def gradient_gap(
         G_, flow_ = (jnp.where(read, a, 0.0) for a in (G, flow))
         now = (delta, quad, gap, g_quad, G_, lam, U, flow_, W)
         out = tuple(o.at[i].set(a) for o, a in zip(out, now))
-        return out, G, W, t_prev, s
+        return out, G, W, ts[i], s
 
     shapes = ((), (), (p, m), (p, m), (p, p), (p,), (p, p), (p, p), (p, m))
     out = tuple(jnp.zeros((R, *s), Ws.dtype) for s in shapes)
     first = start if first is None else first
     # the record before the first visited, for the flow: record 0
-    t0 = ts[0] if timed else jnp.zeros((), Ws.dtype)
-    state = (out, quad_and_G(Ws[0])[1], Ws[0], t0, jnp.zeros(c, Ws.dtype))
+    state = (out, quad_and_G(Ws[0])[1], Ws[0], ts[0], jnp.zeros(c, Ws.dtype))
     return jax.lax.fori_loop(first, stop, body, state)[0]
 
 
@@ -158,10 +151,10 @@ def carried_factors(structure, xs, ys, factors, ts, learning_rate) -> np.ndarray
         xs,
         as_x(ys),
         as_x(W),
+        as_x(np.asarray(ts, np.float64)),
+        as_x(learning_rate),
         none,
         none,
-        ts=as_x(np.asarray(ts, np.float64)),
-        learning_rate=as_x(learning_rate),
         carry=True,
         first=np.int64(0),
     )

@@ -84,7 +84,9 @@ def level_curvature(structure, xs, lam, U, drive):
 
 def level_weights(W, lam, U, s):
     r"""$W(s) = W + \frac12 \sum_a s_a u_a v_a^\top / \lambda_a$ (see the
-    module; `lam`, `U` as `settle`'s, `lam > 0`): `W` itself at $s = 0$."""
+    module; `lam`, `U` as `settle`'s, `lam` floored at the smallest normal
+    number): `W` itself at $s = 0$."""
+    lam = jnp.maximum(lam, jnp.finfo(W.dtype).tiny)
     return W + 0.5 * ((U * (s / lam)[None, :]) @ U.T) @ W
 
 

@@ -438,11 +438,11 @@ def _read_records(structure, xs, ys, W, ts, kept, learning_rate, times, settled,
         xs,
         ys,
         padded,
+        times_padded,
+        np.asarray(learning_rate, xs.dtype),
         *span,
         learned,
         modes,
-        times_padded,
-        np.asarray(learning_rate, xs.dtype),
         carry,
     )
     delta, quad, gap, grad, _, lam, U, flows, W = (
