@@ -97,7 +97,15 @@ def test_settled_levels_solve_the_real_layers_balance():
     with jax.enable_x64(True):
         structure, xs, ys, W, g_real, g_quad, lam, U = _head_case()
         root, expect = _settled_root(structure, xs, ys, W, g_quad, lam, U)
-        assert root is not None
+        # at the root the real layer's drive is the quadratic form's (measured
+        # 6e-16 of it), where at W itself it is 1.6 times as large
+        drive = [
+            _force(*(np.asarray(a) for a in (W, g, lam, U)), 2)
+            for g in (g_quad, expect, g_real)
+        ]
+        size = np.abs(drive[0]).max()
+        np.testing.assert_allclose(drive[1], drive[0], rtol=0, atol=1e-12 * size)
+        assert np.abs(drive[2] - drive[0]).max() > 0.3 * size
         # the real layer holds these levels higher than its quadratic form
         assert np.all(root > 0.05)
 
